@@ -1,0 +1,5 @@
+import sys
+
+from aotforge.cli import main
+
+sys.exit(main())
