@@ -1,0 +1,36 @@
+"""aotforge: an ahead-of-time autograd and graph compiler for PyTorch.
+
+    torch.compile(model, backend="aotforge")          # Dynamo -> AOT autograd -> our compiler
+    torch.compile(model, backend="aotforge_eager")    # Dynamo -> AOT autograd -> graphs as FX
+    aotforge.aot_function(fn, fw_compiler, bw_compiler)
+"""
+from .aot import (
+    AOTConfig,
+    aot_function,
+    aot_module,
+    aot_module_simplified,
+    compiled_function,
+    compiled_module,
+    make_boxed_compiler,
+    make_boxed_func,
+    nop,
+)
+from .backends import register_backends
+from .config import config
+from .partition import default_partition
+
+register_backends()
+
+__all__ = [
+    "AOTConfig",
+    "aot_function",
+    "aot_module",
+    "aot_module_simplified",
+    "compiled_function",
+    "compiled_module",
+    "config",
+    "default_partition",
+    "make_boxed_compiler",
+    "make_boxed_func",
+    "nop",
+]

@@ -1,0 +1,19 @@
+"""Ahead-of-time autograd: trace forward and backward into functional graphs and run them
+with eager's semantics."""
+from .api import aot_function, aot_module, aot_module_simplified, compiled_function, compiled_module
+from .boxing import make_boxed_compiler, make_boxed_func, nop
+from .schemas import AOTConfig, OutputKind, ViewAndMutationMeta
+
+__all__ = [
+    "AOTConfig",
+    "OutputKind",
+    "ViewAndMutationMeta",
+    "aot_function",
+    "aot_module",
+    "aot_module_simplified",
+    "compiled_function",
+    "compiled_module",
+    "make_boxed_compiler",
+    "make_boxed_func",
+    "nop",
+]

@@ -1,0 +1,254 @@
+"""The public entry points, compatible with ``functorch.compile``'s signatures.
+
+``aot_function`` flattens pytree arguments, specializes on non-tensor arguments, caches one
+compiled callable per input signature, and dispatches each call to the right one.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.utils._pytree as pytree
+
+from ..config import config as global_config
+from ..partition import default_partition
+from .compile import compile_flat, is_training_call
+from .schemas import AOTConfig
+
+
+def _make_config(
+    fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
+    keep_inference_input_mutations, inference_compiler, dynamic, name,
+) -> AOTConfig:
+    if not callable(fw_compiler):
+        raise TypeError(f"aotforge: fw_compiler must be callable, got {fw_compiler!r}")
+    return AOTConfig(
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler if bw_compiler is not None else fw_compiler,
+        inference_compiler=inference_compiler if inference_compiler is not None else fw_compiler,
+        partition_fn=partition_fn if partition_fn is not None else default_partition,
+        decompositions=dict(decompositions or {}),
+        num_params_buffers=num_params_buffers,
+        keep_inference_input_mutations=keep_inference_input_mutations,
+        dynamic=dynamic,
+        static_input_indices=tuple(range(num_params_buffers)),
+        name=name,
+    )
+
+
+def _is_traced(value) -> bool:
+    """Tensors (and SymInts, under Dynamo) become graph inputs; other values are constants."""
+    return isinstance(value, (torch.Tensor, torch.SymInt))
+
+
+class _CacheEntry:
+    def __init__(self, key, run, guard: Optional[Callable], out_spec_cell):
+        self.key = key
+        self.run = run
+        self.guard = guard
+        self.out_spec_cell = out_spec_cell
+
+
+def _tensor_key(t: torch.Tensor, dynamic: bool) -> tuple:
+    shape = t.dim() if dynamic else (tuple(t.shape), t.stride(), t.storage_offset())
+    return (t.dtype, t.device, t.requires_grad, t.layout, shape, type(t))
+
+
+def _signature(flat_args: Sequence, in_spec, dynamic: bool) -> tuple:
+    """Everything a compiled graph specialized on: shapes (unless dynamic), dtypes, devices,
+    requires_grad, non-tensor values, the pytree structure, grad mode and input aliasing."""
+    parts: list[Any] = [in_spec, is_training_call(flat_args)]
+    storages: dict[int, int] = {}
+    for arg in flat_args:
+        if isinstance(arg, torch.Tensor):
+            ptr = arg.untyped_storage().data_ptr()
+            # Which earlier input shares this storage (inputs that alias change the trace).
+            alias = storages.setdefault(ptr, len(storages)) if ptr else -1
+            parts.append((_tensor_key(arg, dynamic), alias))
+        else:
+            parts.append((type(arg), arg))
+    return tuple(parts)
+
+
+def aot_function(
+    fn: Callable,
+    fw_compiler: Callable,
+    bw_compiler: Optional[Callable] = None,
+    partition_fn: Callable = default_partition,
+    decompositions: Optional[dict] = None,
+    num_params_buffers: int = 0,
+    keep_inference_input_mutations: bool = False,
+    inference_compiler: Optional[Callable] = None,
+    *,
+    dynamic: bool = False,
+) -> Callable:
+    """Trace ``fn``'s forward and backward ahead of time and compile them.
+
+    Compilation happens on the first call with a new input signature (shapes, dtypes,
+    devices, requires_grad, non-tensor values, grad mode); later calls with the same
+    signature reuse the compiled graphs.
+    """
+    config = _make_config(
+        fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
+        keep_inference_input_mutations, inference_compiler, dynamic,
+        getattr(fn, "__name__", "function"),
+    )
+    cache: list[_CacheEntry] = []
+
+    def compile_for(flat_args: list, in_spec, key) -> _CacheEntry:
+        if len(cache) >= global_config.cache_size_limit:
+            raise RuntimeError(
+                f"aotforge: {config.name} was compiled {len(cache)} times (cache_size_limit). "
+                "Its inputs keep changing shape, dtype, device or requires_grad; pass "
+                "dynamic=True for changing shapes, or raise aotforge.config.cache_size_limit."
+            )
+        traced_positions = [i for i, a in enumerate(flat_args) if _is_traced(a)]
+        constants = list(flat_args)
+        out_spec_cell: list = [None]
+
+        def flat_fn(*traced):
+            full = list(constants)
+            for position, value in zip(traced_positions, traced):
+                full[position] = value
+            args, kwargs = pytree.tree_unflatten(full, in_spec)
+            outputs = fn(*args, **kwargs)
+            flat_outputs, out_spec_cell[0] = pytree.tree_flatten(outputs)
+            return flat_outputs
+
+        traced_args = [flat_args[i] for i in traced_positions]
+        run, _, fake_args = compile_flat(
+            flat_fn, traced_args, config, is_training=is_training_call(flat_args)
+        )
+        guard = _shape_guard(fake_args) if config.dynamic else None
+
+        def run_flat(all_args: list) -> list:
+            return run([all_args[i] for i in traced_positions])
+
+        entry = _CacheEntry(key, run_flat, guard, out_spec_cell)
+        cache.append(entry)
+        return entry
+
+    @functools.wraps(fn)
+    def compiled(*args, **kwargs):
+        flat_args, in_spec = pytree.tree_flatten((args, kwargs))
+        key = _signature(flat_args, in_spec, config.dynamic)
+        for entry in cache:
+            if entry.key == key and (entry.guard is None or entry.guard(flat_args)):
+                break
+        else:
+            entry = compile_for(flat_args, in_spec, key)
+        flat_outputs = entry.run(flat_args)
+        return pytree.tree_unflatten(flat_outputs, entry.out_spec_cell[0])
+
+    compiled._aotforge_cache = cache  # type: ignore[attr-defined]
+    return compiled
+
+
+def _shape_guard(fake_args: Sequence) -> Optional[Callable]:
+    """A check that a call's shapes satisfy the guards recorded while tracing."""
+    fakes = [a for a in fake_args if isinstance(a, torch.Tensor)]
+    shape_env = next((a.fake_mode.shape_env for a in fakes if a.fake_mode.shape_env), None)
+    if shape_env is None:
+        return None
+    code = shape_env.produce_guards_expression(fakes, ignore_static=False)
+    if code is None:
+        return None
+
+    def guard(flat_args: Sequence) -> bool:
+        tensors = [a for a in flat_args if isinstance(a, torch.Tensor)]
+        return shape_env.evaluate_guards_expression(code, tensors)
+
+    return guard
+
+
+def aot_module(mod: nn.Module, *args, **kwargs) -> nn.Module:
+    """``aot_function`` for an nn.Module: parameters and buffers are lifted as the first flat
+    inputs, so the compiled graphs are functions of them and gradients reach them."""
+    parameter_names = [name for name, _ in mod.named_parameters(remove_duplicate=False)]
+    buffer_names = [name for name, _ in mod.named_buffers(remove_duplicate=False)]
+    names = parameter_names + buffer_names
+    num_params_buffers = len(names)
+
+    def functional_call(*flat_params_and_args, **call_kwargs):
+        state = dict(zip(names, flat_params_and_args[:num_params_buffers]))
+        user_args = flat_params_and_args[num_params_buffers:]
+        return torch.func.functional_call(mod, state, user_args, call_kwargs, tie_weights=False)
+
+    functional_call.__name__ = type(mod).__name__
+    compiled_call = aot_function(
+        functional_call, *args, num_params_buffers=num_params_buffers, **kwargs
+    )
+
+    class AOTModule(nn.Module):
+        """The original module, run through aotforge."""
+
+        def __init__(self):
+            super().__init__()
+            self.orig_module = mod
+
+        def forward(self, *call_args, **call_kwargs):
+            params = dict(mod.named_parameters(remove_duplicate=False))
+            buffers = dict(mod.named_buffers(remove_duplicate=False))
+            state = [params[n] for n in parameter_names] + [buffers[n] for n in buffer_names]
+            return compiled_call(*state, *call_args, **call_kwargs)
+
+    return AOTModule()
+
+
+def aot_module_simplified(
+    mod: nn.Module,
+    args: Sequence,
+    fw_compiler: Callable,
+    bw_compiler: Optional[Callable] = None,
+    partition_fn: Callable = default_partition,
+    decompositions: Optional[dict] = None,
+    keep_inference_input_mutations: bool = False,
+    inference_compiler: Optional[Callable] = None,
+    **unused,
+) -> Callable:
+    """The low-overhead entry used under Dynamo: ``mod`` is called with flat ``args`` (fake
+    tensors and SymInts), compiled now, and the returned callable takes the real flat
+    arguments. Dynamo's guards decide when to recompile, so there is no cache here."""
+    params = [
+        *(p for _, p in mod.named_parameters(remove_duplicate=False)),
+        *(b for _, b in mod.named_buffers(remove_duplicate=False)),
+    ]
+    names = [
+        *(n for n, _ in mod.named_parameters(remove_duplicate=False)),
+        *(n for n, _ in mod.named_buffers(remove_duplicate=False)),
+    ]
+    num_params = len(params)
+
+    def flat_fn(*flat):
+        state = dict(zip(names, flat[:num_params]))
+        outputs = torch.func.functional_call(mod, state, tuple(flat[num_params:]), tie_weights=False)
+        if isinstance(outputs, (list, tuple)):
+            return list(outputs)
+        return [outputs]
+
+    config = _make_config(
+        fw_compiler, bw_compiler, partition_fn, decompositions, num_params,
+        keep_inference_input_mutations, inference_compiler, False, "dynamo_graph",
+    )
+    fake_mode = next(
+        (a.fake_mode for a in args if hasattr(a, "fake_mode")), None
+    )
+    fake_params = params
+    if fake_mode is not None:
+        fake_params = [fake_mode.from_tensor(p, static_shapes=True) for p in params]
+    flat_args = [*fake_params, *args]
+    run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
+
+    def forward(*runtime_args):
+        return run([*params, *runtime_args])
+
+    forward.zero_grad = mod.zero_grad  # type: ignore[attr-defined]
+    forward.named_parameters = mod.named_parameters  # type: ignore[attr-defined]
+    forward.named_buffers = mod.named_buffers  # type: ignore[attr-defined]
+    return forward
+
+
+compiled_function = aot_function
+compiled_module = aot_module

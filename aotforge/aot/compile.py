@@ -1,0 +1,133 @@
+"""One compile: fake inputs -> metadata -> trace -> partition -> compile -> runtime wrapper.
+
+The top of the stage is ``compile_flat``; it is a flat list of the steps, each a named
+function of its own.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from .. import debug
+from .metadata import collect_metadata
+from .runtime import make_inference_runtime, make_training_runtime
+from .schemas import AOTConfig, ViewAndMutationMeta
+from .trace import graph_outputs_fn, make_tangents, trace_forward, trace_joint
+
+
+def is_training_call(flat_args: Sequence) -> bool:
+    """Eager builds an autograd graph only if grad mode is on and some input requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args
+    )
+
+
+def fake_mode_for(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, bool]:
+    """Reuse the fake mode the inputs already carry (Dynamo's), or make our own.
+
+    Returns the mode and whether the inputs are already fake.
+    """
+    existing = detect_fake_mode(flat_args)
+    if existing is not None:
+        return existing, True
+    shape_env = ShapeEnv() if dynamic else None
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    return mode, False
+
+
+def fakeify(flat_args: Sequence, fake_mode: FakeTensorMode, dynamic: bool) -> list:
+    fakes = []
+    for arg in flat_args:
+        if isinstance(arg, torch.Tensor):
+            fakes.append(fake_mode.from_tensor(arg, static_shapes=not dynamic))
+        else:
+            fakes.append(arg)
+    return fakes
+
+
+def compile_flat(
+    flat_fn: Callable,
+    flat_args: Sequence,
+    config: AOTConfig,
+    *,
+    is_training: bool,
+) -> tuple[Callable, ViewAndMutationMeta, list]:
+    """Compile ``flat_fn`` (flat tensor/SymInt args -> flat outputs) for these arguments.
+
+    Returns ``(run, meta, fake_args)`` where ``run(args_list)`` returns the user's flat outputs.
+    """
+    fake_mode, already_fake = fake_mode_for(flat_args, config.dynamic)
+    fake_args = list(flat_args) if already_fake else fakeify(flat_args, fake_mode, config.dynamic)
+    with fake_mode if not already_fake else contextlib.nullcontext():
+        meta, graph_output_fakes = collect_metadata(
+            flat_fn,
+            fake_args,
+            is_training=is_training,
+            keep_inference_input_mutations=config.keep_inference_input_mutations,
+        )
+    debug.artifact("metadata", f"{config.name}_metadata", meta.describe(), suffix=".txt")
+    graph_fn = graph_outputs_fn(flat_fn, meta)
+    if is_training and any(meta.graph_output_requires_grad()):
+        run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode)
+    else:
+        meta.is_training = False
+        run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode)
+    return run, meta, fake_args
+
+
+def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode) -> Callable:
+    with torch.no_grad():
+        forward = trace_forward(
+            graph_fn, fake_args, meta, decompositions=config.decompositions, fake_mode=fake_mode
+        )
+    debug.graph_artifact("graphs", f"{config.name}_inference", forward)
+    with torch.no_grad():
+        compiled = config.inference_compiler(forward, _placeholder_values(forward))
+    return make_inference_runtime(compiled, meta, fake_args)
+
+
+def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode):
+    tangents = make_tangents(graph_output_fakes, meta)
+    with torch.enable_grad():
+        joint = trace_joint(
+            graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode
+        )
+    debug.graph_artifact("graphs", f"{config.name}_joint", joint)
+    num_outputs = meta.num_graph_outputs
+    forward, backward = config.partition_fn(
+        joint,
+        [*fake_args, *tangents],
+        num_fwd_outputs=num_outputs,
+        static_lifetime_input_indices=list(config.static_input_indices),
+    )
+    debug.graph_artifact("graphs", f"{config.name}_forward", forward)
+    debug.graph_artifact("graphs", f"{config.name}_backward", backward)
+    saved = _output_values(forward)[num_outputs:]
+    num_saved_symints = sum(1 for v in saved if isinstance(v, (torch.SymInt, int)))
+    num_saved_tensors = len(saved) - num_saved_symints
+    with torch.no_grad():
+        compiled_forward = config.fw_compiler(forward, _placeholder_values(forward))
+    return make_training_runtime(
+        compiled_forward,
+        backward,
+        config.bw_compiler,
+        meta,
+        fake_args,
+        num_saved_tensors,
+        num_saved_symints,
+    )
+
+
+def _placeholder_values(gm: fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+
+
+def _output_values(gm: fx.GraphModule) -> list:
+    (output,) = gm.graph.find_nodes(op="output")
+    return [n.meta.get("val") if isinstance(n, fx.Node) else n for n in output.args[0]]

@@ -1,0 +1,146 @@
+"""Collect the view-and-mutation metadata: run the function once under functionalization
+(on fake tensors) and read off what it did to its inputs and what its outputs alias."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch._dispatch.python import enable_python_dispatcher
+
+from .functional import (
+    FunctionalTensorMode,
+    below_functionalization,
+    from_functional,
+    has_data_mutation,
+    has_metadata_mutation,
+    mutations_hidden_from_autograd,
+    mutations_under_no_grad,
+    storage_ref,
+    to_functional,
+)
+from .schemas import InputInfo, OutputInfo, OutputKind, StridedLayout, ViewAndMutationMeta
+
+
+def collect_metadata(
+    flat_fn: Callable,
+    fake_args: Sequence,
+    *,
+    is_training: bool,
+    keep_inference_input_mutations: bool,
+) -> tuple[ViewAndMutationMeta, list]:
+    """Run ``flat_fn(*fake_args)`` once under functionalization and describe its effects.
+
+    ``flat_fn`` takes flat arguments and returns a flat list of outputs. Also returns fake
+    values of what the functional graph will return (the tangents are made like them).
+    """
+    with enable_python_dispatcher(), FunctionalTensorMode(_allow_token_discovery=True):
+        with below_functionalization():
+            functional_args = [to_functional(a) for a in fake_args]
+            # Which input does each storage belong to? (aliased inputs were merged before.)
+            storages = {}
+            for index, arg in enumerate(functional_args):
+                if isinstance(arg, torch.Tensor):
+                    storages.setdefault(storage_ref(arg), index)
+            outputs = list(flat_fn(*functional_args))
+            input_info = [
+                _input_info(f_arg, arg, is_training, keep_inference_input_mutations)
+                for f_arg, arg in zip(functional_args, fake_args)
+            ]
+            output_info, bases = _output_info(outputs, functional_args, storages)
+            meta = ViewAndMutationMeta(
+                input_info=input_info,
+                output_info=output_info,
+                num_intermediate_bases=len(bases),
+                intermediate_base_requires_grad=[bool(b.requires_grad) for b in bases],
+                is_training=is_training,
+            )
+            graph_outputs = [
+                *(functional_args[i] for i in meta.mutated_input_indices),
+                *(outputs[i] for i in meta.fresh_output_indices),
+                *bases,
+            ]
+            graph_output_fakes = [from_functional(o) for o in graph_outputs]
+            # Sync pending updates so no functional state leaks out of the mode.
+            for arg in functional_args:
+                from_functional(arg)
+    return meta, graph_output_fakes
+
+
+def _input_info(f_arg, arg, is_training: bool, keep_mutations: bool) -> InputInfo:
+    if not isinstance(arg, torch.Tensor):
+        return InputInfo(is_tensor=False)
+    mutates_data = has_data_mutation(f_arg)
+    mutates_metadata = has_metadata_mutation(f_arg, arg)
+    under_no_grad = mutates_data and mutations_under_no_grad(f_arg)
+    hidden = mutates_data and mutations_hidden_from_autograd(f_arg)
+    keep = (
+        keep_mutations
+        and not is_training
+        and mutates_data
+        and not mutates_metadata
+    )
+    return InputInfo(
+        is_tensor=True,
+        requires_grad=bool(arg.requires_grad),
+        requires_grad_after=bool(f_arg.requires_grad),
+        mutates_data=mutates_data,
+        mutates_metadata=mutates_metadata,
+        mutations_under_no_grad=under_no_grad,
+        mutations_hidden_from_autograd=hidden,
+        mutation_kept_in_graph=keep,
+        layout_after=StridedLayout.of(from_functional(f_arg)) if mutates_metadata else None,
+    )
+
+
+def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], list]:
+    """Classify each output; return the infos and the intermediate bases the graph must add."""
+    infos: list[OutputInfo] = []
+    bases: list[torch.Tensor] = []
+    for out in outputs:
+        if not isinstance(out, torch.Tensor):
+            infos.append(OutputInfo(kind=OutputKind.NOT_ALIAS, is_tensor=False))
+            continue
+        requires_grad = bool(out.requires_grad)
+        input_index = next((i for i, a in enumerate(functional_args) if a is out), None)
+        if input_index is not None:
+            infos.append(
+                OutputInfo(OutputKind.IS_INPUT, True, requires_grad, base_index=input_index)
+            )
+            continue
+        input_index = storages.get(storage_ref(out))
+        if input_index is not None:
+            infos.append(
+                OutputInfo(
+                    OutputKind.ALIAS_OF_INPUT,
+                    True,
+                    requires_grad,
+                    base_index=input_index,
+                    layout=StridedLayout.of(out),
+                )
+            )
+            continue
+        base = out._base if out._is_view() else None
+        if base is None:
+            infos.append(OutputInfo(OutputKind.NOT_ALIAS, True, requires_grad))
+            continue
+        user_index = next((i for i, o in enumerate(outputs) if o is base), None)
+        if user_index is not None:
+            base_index, base_is_user_output = user_index, True
+        else:
+            base_index = next((i for i, b in enumerate(bases) if b is base), None)
+            if base_index is None:
+                bases.append(base)
+                base_index = len(bases) - 1
+            base_is_user_output = False
+        infos.append(
+            OutputInfo(
+                OutputKind.ALIAS_OF_INTERMEDIATE,
+                True,
+                requires_grad,
+                base_index=base_index,
+                base_is_user_output=base_is_user_output,
+                layout=StridedLayout.of(out),
+                base_layout=StridedLayout.of(base),
+            )
+        )
+    return infos, bases

@@ -1,0 +1,169 @@
+"""Runtime wrappers: run the compiled graphs and replay every side effect eager would have had.
+
+Per call, the work is only what this call needs: a compiled callable for the graph, then the
+epilogue that (1) writes updated values back into mutated inputs and (2) regenerates outputs
+that alias inputs or intermediates as real views. Everything else was decided at compile time.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.fx as fx
+
+from .boxing import call_compiled
+from .schemas import InputInfo, OutputKind, StridedLayout, ViewAndMutationMeta, symbol_bindings
+
+
+class Epilogue:
+    """Turns the graph's outputs into the user's outputs, with eager's side effects."""
+
+    def __init__(self, meta: ViewAndMutationMeta, fake_args: Sequence):
+        self.meta = meta
+        self.fake_args = list(fake_args)
+        self.mutated = [(i, meta.input_info[i]) for i in meta.mutated_input_indices]
+        self.metadata_mutated = [
+            (i, info) for i, info in enumerate(meta.input_info) if info.mutates_metadata
+        ]
+        self.num_fresh = len(meta.fresh_output_indices)
+        self.only_fresh_outputs = all(o.kind is OutputKind.NOT_ALIAS for o in meta.output_info)
+        layouts = [info.layout_after for _, info in self.metadata_mutated]
+        layouts += [o.layout for o in meta.output_info if o.layout is not None]
+        self.needs_bindings = any(not layout.is_static for layout in layouts)
+
+    def __call__(self, args: Sequence, graph_outputs: Sequence) -> list:
+        bindings = symbol_bindings(self.fake_args, args) if self.needs_bindings else {}
+        num_mutated = len(self.mutated)
+        for (index, info), updated in zip(self.mutated, graph_outputs):
+            if info.mutates_metadata:
+                args[index].as_strided_(*info.layout_after.evaluate(bindings))
+            _write_back(args[index], updated, info)
+        for index, info in self.metadata_mutated:
+            if not info.mutation_returned_by_graph:
+                with torch.no_grad():  # metadata changes never carry gradients
+                    args[index].as_strided_(*info.layout_after.evaluate(bindings))
+        fresh = graph_outputs[num_mutated : num_mutated + self.num_fresh]
+        if self.only_fresh_outputs:
+            return list(fresh)
+        bases = graph_outputs[num_mutated + self.num_fresh :]
+        outputs: list = [None] * len(self.meta.output_info)
+        fresh_iter = iter(fresh)
+        for position, info in enumerate(self.meta.output_info):
+            if info.kind is OutputKind.NOT_ALIAS:
+                outputs[position] = next(fresh_iter)
+        for position, info in enumerate(self.meta.output_info):
+            if info.kind is OutputKind.IS_INPUT:
+                outputs[position] = args[info.base_index]
+            elif info.kind is OutputKind.ALIAS_OF_INPUT:
+                outputs[position] = _regenerate_view(args[info.base_index], info, bindings)
+            elif info.kind is OutputKind.ALIAS_OF_INTERMEDIATE:
+                base = outputs[info.base_index] if info.base_is_user_output else bases[info.base_index]
+                _check_base_layout(base, info.base_layout, bindings)
+                outputs[position] = _regenerate_view(base, info, bindings)
+        return outputs
+
+
+def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
+    """Copy an updated value into the input the user passed, as eager's mutation would."""
+    if info.mutations_hidden_from_autograd:
+        original.detach().copy_(updated)
+    elif info.mutations_under_no_grad or not torch.is_grad_enabled():
+        with torch.no_grad():
+            original.copy_(updated)
+    else:
+        original.copy_(updated)
+
+
+def _regenerate_view(base: torch.Tensor, info, bindings: dict) -> torch.Tensor:
+    size, stride, offset = info.layout.evaluate(bindings)
+    if (
+        list(base.size()) == size
+        and list(base.stride()) == stride
+        and base.storage_offset() == offset
+    ):
+        view = base.view(base.shape)  # same layout: a plain alias keeps view autograd simple
+    else:
+        view = base.as_strided(size, stride, offset)
+    if view.requires_grad and not info.requires_grad:
+        view = view.detach()
+    return view
+
+
+def _check_base_layout(base: torch.Tensor, expected: StridedLayout, bindings: dict) -> None:
+    size, stride, _ = expected.evaluate(bindings)
+    if list(base.stride()) != stride or list(base.size()) != size:
+        raise RuntimeError(
+            "aotforge: the compiled graph returned the base of an aliased output with layout "
+            f"{tuple(base.size())}/{tuple(base.stride())}, but eager's layout is "
+            f"{tuple(size)}/{tuple(stride)}; the compiler must keep graph outputs' strides"
+        )
+
+
+def make_inference_runtime(compiled: Callable, meta: ViewAndMutationMeta, fake_args) -> Callable:
+    """``run(args) -> user outputs`` for a forward-only graph."""
+    epilogue = Epilogue(meta, fake_args)
+
+    def run(args: list) -> list:
+        graph_outputs = call_compiled(compiled, list(args))
+        return epilogue(args, graph_outputs)
+
+    return run
+
+
+def _example_inputs(gm: fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+
+
+def make_training_runtime(
+    compiled_forward: Callable,
+    backward_module: fx.GraphModule,
+    bw_compiler: Callable,
+    meta: ViewAndMutationMeta,
+    fake_args: Sequence,
+    num_saved_tensors: int,
+    num_saved_symints: int,
+) -> Callable:
+    """``run(args) -> user outputs`` through a custom autograd.Function whose backward
+    compiles the backward graph the first time it runs."""
+    epilogue = Epilogue(meta, fake_args)
+    num_outputs = meta.num_graph_outputs
+    differentiable = meta.graph_output_requires_grad()
+    non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
+    tangent_indices = [i for i, d in enumerate(differentiable) if d]
+    compiled_backward: list[Optional[Callable]] = [None]
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            results = call_compiled(compiled_forward, list(args))
+            outputs = results[:num_outputs]
+            saved = results[num_outputs : num_outputs + num_saved_tensors]
+            ctx.save_for_backward(*saved)
+            ctx.symints = results[num_outputs + num_saved_tensors :]
+            ctx.mark_non_differentiable(
+                *(outputs[i] for i in non_differentiable_indices if isinstance(outputs[i], torch.Tensor))
+            )
+            return tuple(outputs)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, *grad_outputs):
+            if compiled_backward[0] is None:
+                compiled_backward[0] = bw_compiler(backward_module, _example_inputs(backward_module))
+            tangents = [_as_traced_tangent(grad_outputs[i]) for i in tangent_indices]
+            grads = call_compiled(compiled_backward[0], [*ctx.symints, *ctx.saved_tensors, *tangents])
+            return tuple(grads)
+
+    def run(args: list) -> list:
+        graph_outputs = CompiledFunction.apply(*args)
+        return epilogue(args, list(graph_outputs))
+
+    run.compiled_function = CompiledFunction  # type: ignore[attr-defined]
+    return run
+
+
+def _as_traced_tangent(grad: torch.Tensor) -> torch.Tensor:
+    """Tangents were traced contiguous; the graph may rely on that layout."""
+    if grad is not None and not grad.is_contiguous():
+        return grad.contiguous()
+    return grad

@@ -1,0 +1,211 @@
+"""The plain-data records one compile produces, read by every later stage.
+
+``ViewAndMutationMeta`` says, per input, how the function mutated it, and per output, what it
+aliases. The wrappers, the partitioner and export read it; nothing re-derives it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+
+
+class OutputKind(enum.Enum):
+    """What a user output is, with respect to aliasing."""
+
+    NOT_ALIAS = "not an alias"  # a fresh tensor (or a non-tensor value)
+    IS_INPUT = "is an input"  # the input object itself, returned as it is
+    ALIAS_OF_INPUT = "alias of input"  # a view of an input's storage
+    ALIAS_OF_INTERMEDIATE = "alias of intermediate"  # a view of a tensor made inside
+
+
+@dataclasses.dataclass(frozen=True)
+class StridedLayout:
+    """Size, stride and storage offset of a view, as ints or sympy expressions over the
+    symbols of the traced inputs' shapes (dynamic shapes)."""
+
+    size: tuple
+    stride: tuple
+    storage_offset: Any
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> "StridedLayout":
+        return StridedLayout(
+            tuple(_to_expr(s) for s in tensor.size()),
+            tuple(_to_expr(s) for s in tensor.stride()),
+            _to_expr(tensor.storage_offset()),
+        )
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(v, int) for v in (*self.size, *self.stride, self.storage_offset))
+
+    def evaluate(self, bindings: dict) -> tuple[list[int], list[int], int]:
+        """Concrete (size, stride, offset) for one call, given the symbols' values."""
+        return (
+            [_evaluate(v, bindings) for v in self.size],
+            [_evaluate(v, bindings) for v in self.stride],
+            _evaluate(self.storage_offset, bindings),
+        )
+
+
+def _to_expr(value) -> Any:
+    if isinstance(value, torch.SymInt):
+        expr = value.node.expr
+        return int(expr) if expr.is_number else expr
+    return int(value)
+
+
+def _evaluate(value, bindings: dict) -> int:
+    if isinstance(value, int):
+        return value
+    result = value.xreplace(bindings)
+    if not result.is_number:
+        raise RuntimeError(
+            f"aotforge: cannot evaluate the symbolic size {value} for this call "
+            f"(unbound symbols {sorted(map(str, result.free_symbols))})"
+        )
+    return int(result)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputInfo:
+    """How the traced function treated one flat input."""
+
+    is_tensor: bool
+    requires_grad: bool = False
+    # requires_grad of the value after the call (``buf.copy_(w * 2)`` makes buf require grad)
+    requires_grad_after: bool = False
+    mutates_data: bool = False
+    mutates_metadata: bool = False
+    # Every data mutation happened under no_grad/inference mode: replay it under no_grad.
+    mutations_under_no_grad: bool = False
+    # Every data mutation went through a .detach()ed alias: autograd must not see it.
+    mutations_hidden_from_autograd: bool = False
+    # Inference graphs may keep the copy_ into the input (keep_inference_input_mutations).
+    mutation_kept_in_graph: bool = False
+    # The layout after a metadata mutation (t_, unsqueeze_, as_strided_, ...).
+    layout_after: Optional[StridedLayout] = None
+
+    @property
+    def mutation_returned_by_graph(self) -> bool:
+        """The graph returns the updated value, and the epilogue copies it into the input."""
+        return self.mutates_data and not self.mutation_kept_in_graph
+
+    @property
+    def mutation_visible_to_autograd(self) -> bool:
+        return (
+            self.mutates_data
+            and not self.mutations_under_no_grad
+            and not self.mutations_hidden_from_autograd
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputInfo:
+    """What one flat user output is."""
+
+    kind: OutputKind
+    is_tensor: bool
+    requires_grad: bool = False
+    # IS_INPUT / ALIAS_OF_INPUT: the flat input index it aliases.
+    # ALIAS_OF_INTERMEDIATE: index into meta.intermediate_bases' outputs (see base_is_output).
+    base_index: Optional[int] = None
+    # ALIAS_OF_INTERMEDIATE only: True if the base is itself a user output (base_index is then
+    # the user output's index), False if the graph returns the base as an extra output.
+    base_is_user_output: bool = False
+    layout: Optional[StridedLayout] = None
+    # The layout the base had at trace time; a compiled base with another layout is an error.
+    base_layout: Optional[StridedLayout] = None
+
+
+@dataclasses.dataclass
+class ViewAndMutationMeta:
+    """Everything the runtime needs to reproduce eager's side effects around a functional
+    graph. The graph returns, in order::
+
+        (*updated values of mutated inputs, *fresh user outputs, *intermediate bases)
+    """
+
+    input_info: list[InputInfo]
+    output_info: list[OutputInfo]
+    num_intermediate_bases: int
+    # For each intermediate base, whether it requires grad.
+    intermediate_base_requires_grad: list[bool]
+    is_training: bool = False
+
+    @property
+    def mutated_input_indices(self) -> list[int]:
+        return [i for i, info in enumerate(self.input_info) if info.mutation_returned_by_graph]
+
+    @property
+    def fresh_output_indices(self) -> list[int]:
+        return [i for i, o in enumerate(self.output_info) if o.kind is OutputKind.NOT_ALIAS]
+
+    @property
+    def num_graph_outputs(self) -> int:
+        return (
+            len(self.mutated_input_indices)
+            + len(self.fresh_output_indices)
+            + self.num_intermediate_bases
+        )
+
+    def graph_output_requires_grad(self) -> list[bool]:
+        """Which graph outputs are differentiable (and so get a tangent in the joint)."""
+        result = []
+        for i in self.mutated_input_indices:
+            info = self.input_info[i]
+            result.append(info.requires_grad_after and info.mutation_visible_to_autograd)
+        for i in self.fresh_output_indices:
+            result.append(self.output_info[i].requires_grad)
+        result.extend(self.intermediate_base_requires_grad)
+        return result
+
+    def describe(self) -> str:
+        lines = ["inputs:"]
+        for i, info in enumerate(self.input_info):
+            flags = [f.name for f in dataclasses.fields(info) if getattr(info, f.name) is True]
+            lines.append(f"  [{i}] {', '.join(flags) or '-'}")
+        lines.append("outputs:")
+        for i, out in enumerate(self.output_info):
+            extra = "" if out.base_index is None else f" (base {out.base_index})"
+            lines.append(f"  [{i}] {out.kind.value}{extra}, requires_grad={out.requires_grad}")
+        lines.append(f"intermediate bases: {self.num_intermediate_bases}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class AOTConfig:
+    """What a caller chose for one aot_function/aot_module compile."""
+
+    fw_compiler: Callable
+    bw_compiler: Callable
+    inference_compiler: Callable
+    partition_fn: Callable
+    decompositions: dict
+    num_params_buffers: int = 0
+    keep_inference_input_mutations: bool = False
+    dynamic: bool = False
+    # Indices of inputs whose storage lives as long as the module (parameters, buffers).
+    static_input_indices: Sequence[int] = ()
+    name: str = "function"
+
+
+def symbol_bindings(fake_args: Sequence, real_args: Sequence) -> dict:
+    """Map each size symbol of the traced fake inputs to its value in this call's inputs."""
+    bindings: dict = {}
+    for fake, real in zip(fake_args, real_args):
+        if not isinstance(fake, torch.Tensor):
+            if isinstance(fake, torch.SymInt) and isinstance(fake.node.expr, sympy.Symbol):
+                bindings[fake.node.expr] = int(real)
+            continue
+        for fake_dim, real_dim in zip(
+            (*fake.size(), *fake.stride(), fake.storage_offset()),
+            (*real.size(), *real.stride(), real.storage_offset()),
+        ):
+            if isinstance(fake_dim, torch.SymInt) and isinstance(fake_dim.node.expr, sympy.Symbol):
+                bindings[fake_dim.node.expr] = int(real_dim)
+    return bindings

@@ -1,0 +1,163 @@
+"""Trace the user's function into purely functional ATen graphs with make_fx.
+
+Two graphs can be traced from one function and its metadata:
+
+* the forward graph (inference): ``primals -> (*updated inputs, *fresh outputs, *bases)``;
+* the joint graph (training): ``(primals, tangents) -> (*forward outputs, *gradients)``,
+  where the gradients come from ``torch.autograd.grad`` run inside the trace.
+
+Mutations never appear in these graphs, except the ``copy_`` into an input that an
+inference graph keeps when the caller asked for ``keep_inference_input_mutations``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .functional import FunctionalTensorMode, below_functionalization, from_functional, to_functional
+from .schemas import OutputKind, ViewAndMutationMeta
+
+
+def graph_outputs_fn(flat_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
+    """``flat_fn`` rewritten to return what the functional graph returns::
+
+        (*updated values of mutated inputs, *fresh user outputs, *intermediate bases)
+
+    Outputs that alias inputs are dropped: the runtime regenerates them from the real inputs.
+    In training, inputs that are mutated and require grad are cloned first, so that
+    ``autograd.grad`` differentiates with respect to their values before the mutation.
+    """
+    clone_before_call = [
+        meta.is_training and info.requires_grad and (info.mutates_data or info.mutates_metadata)
+        for info in meta.input_info
+    ]
+    base_outputs = [
+        (index, info.base_index)
+        for index, info in enumerate(meta.output_info)
+        if info.kind is OutputKind.ALIAS_OF_INTERMEDIATE and not info.base_is_user_output
+    ]
+
+    def fn(*args):
+        args = [a.clone() if clone else a for a, clone in zip(args, clone_before_call)]
+        outputs = list(flat_fn(*args))
+        bases = [None] * meta.num_intermediate_bases
+        for output_index, base_index in base_outputs:
+            bases[base_index] = outputs[output_index]._base
+        return [
+            *(args[i] for i in meta.mutated_input_indices),
+            *(outputs[i] for i in meta.fresh_output_indices),
+            *bases,
+        ]
+
+    return fn
+
+
+def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
+    """``(primals, tangents) -> (*forward outputs, *one gradient per primal or None)``."""
+    differentiable = meta.graph_output_requires_grad()
+
+    def joint(primals: list, tangents: list):
+        outputs = graph_fn(*primals)
+        grad_outputs = [o for o, d in zip(outputs, differentiable) if d]
+        wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
+        grads = []
+        if wrt and grad_outputs:
+            grads = list(
+                torch.autograd.grad(grad_outputs, wrt, tangents, allow_unused=True)
+            )
+        grads_per_primal = [
+            grads.pop(0) if isinstance(p, torch.Tensor) and p.requires_grad and grads else None
+            for p in primals
+        ]
+        return (*outputs, *grads_per_primal)
+
+    return joint
+
+
+def make_tangents(graph_output_fakes: Sequence, meta: ViewAndMutationMeta) -> list:
+    """Fake contiguous tangents, one per differentiable graph output."""
+    return [
+        torch.empty_like(out, memory_format=torch.contiguous_format)
+        for out, needed in zip(graph_output_fakes, meta.graph_output_requires_grad())
+        if needed
+    ]
+
+
+def _functionalized(fn: Callable, kept_mutations: Sequence[int], arity: int) -> Callable:
+    """Run ``fn`` on functional wrappers of its (pytree) arguments and unwrap the results.
+
+    ``kept_mutations`` lists flat argument indices whose final value is written back with a
+    ``copy_`` that stays in the graph (keep_inference_input_mutations).
+    """
+
+    def functional(args):
+        with below_functionalization():
+            functional_args = pytree.tree_map(to_functional, args)
+            outputs = fn(*functional_args)
+        results = pytree.tree_map(from_functional, outputs)
+        flat_args = pytree.tree_leaves(args)
+        flat_functional = pytree.tree_leaves(functional_args)
+        for index in kept_mutations:
+            flat_args[index].copy_(from_functional(flat_functional[index]))
+        return results
+
+    # make_fx names placeholders after the traced function's parameters: primals_1, tangents_1.
+    def forward(primals):
+        return functional((primals,))
+
+    def joint(primals, tangents):
+        return functional((primals, tangents))
+
+    return forward if arity == 1 else joint
+
+
+def trace(fn: Callable, args: Sequence, *, decompositions: dict, fake_mode, kept_mutations=()) -> fx.GraphModule:
+    """make_fx over functionalization, on fake arguments."""
+    with fake_mode, enable_python_dispatcher(), FunctionalTensorMode(_allow_token_discovery=True):
+        gm = make_fx(
+            _functionalized(fn, kept_mutations, len(args)),
+            decomposition_table=decompositions,
+            record_module_stack=True,
+        )(*args)
+    # Compilers take flat placeholders and return a flat tuple: drop make_fx's pytree codegen.
+    gm.graph._codegen = fx.graph.CodeGen()
+    (output,) = gm.graph.find_nodes(op="output")
+    output.args = (tuple(pytree.tree_leaves(output.args[0], is_leaf=lambda x: x is None)),)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def trace_forward(
+    graph_fn: Callable, fake_args: Sequence, meta: ViewAndMutationMeta, *, decompositions, fake_mode
+) -> fx.GraphModule:
+    kept = [i for i, info in enumerate(meta.input_info) if info.mutation_kept_in_graph]
+
+    def forward(primals):
+        return graph_fn(*primals)
+
+    return trace(
+        forward, [list(fake_args)], decompositions=decompositions, fake_mode=fake_mode, kept_mutations=kept
+    )
+
+
+def trace_joint(
+    graph_fn: Callable,
+    fake_args: Sequence,
+    tangents: Sequence,
+    meta: ViewAndMutationMeta,
+    *,
+    decompositions,
+    fake_mode,
+) -> fx.GraphModule:
+    return trace(
+        joint_fn(graph_fn, meta),
+        [list(fake_args), list(tangents)],
+        decompositions=decompositions,
+        fake_mode=fake_mode,
+    )
