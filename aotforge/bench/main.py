@@ -1,0 +1,159 @@
+"""The command line of ``python -m aotforge bench``."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from aotforge.bench import report, runner
+from aotforge.bench.workload import MODES, SUITES, load_workloads, select
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _comma_list(choices: Sequence[str] | None = None):
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if choices is not None:
+            if "all" in items:
+                return list(choices)
+            bad = [item for item in items if item not in choices]
+            if bad:
+                raise argparse.ArgumentTypeError(f"{bad} not in {', '.join(choices)} (or all)")
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        return items
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m aotforge bench",
+        description="Benchmark eager vs torch.compile (inductor) vs aotforge on the workloads "
+        "in benchmarks/workloads; check each backend against eager, then time it.",
+    )
+    p.add_argument("--suite", type=_comma_list(SUITES), default=list(SUITES),
+                   help=f"comma-separated suites: {', '.join(SUITES)} or all (default: all)")
+    p.add_argument("--workloads", type=_comma_list(), default=[],
+                   help="comma-separated workload names (default: every workload of the suites)")
+    p.add_argument("--backends", type=_comma_list(), default=list(runner.DEFAULT_BACKENDS),
+                   help="comma-separated: eager, inductor, aotforge_eager, aotforge, or any "
+                   "torch.compile backend (default: the first four)")
+    p.add_argument("--modes", type=_comma_list(MODES), default=list(MODES),
+                   help="train (forward + backward), infer, or both (default)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--repeat", type=int, default=None, help="timed steps per backend (default 20; 5 with --quick)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps before timing (default 3; 1 with --quick)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where to write the results (default bench_out/bench-<device>-<dtype>.json); "
+                   "the PNG chart goes beside it")
+    p.add_argument("--quick", action="store_true", help="small sizes: for the CPU and CI smoke runs")
+    p.add_argument("--no-float64-check", dest="float64_reference", action="store_false",
+                   help="skip the float64 eager run that measures eager's own error")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    return p
+
+
+def _device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench: --device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+    if device.type not in ("cuda", "cpu"):
+        raise SystemExit(f"bench: --device {name!r} is not supported; use cuda or cpu")
+    return device
+
+
+def _git_revision() -> str:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def describe_environment(device: torch.device) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "aotforge_git": _git_revision(),
+        "device": device.type,
+    }
+    for package in ("triton", "transformers", "timm"):
+        try:
+            meta[package] = __import__(package).__version__
+        except Exception:
+            meta[package] = None
+    if device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(device)
+        meta["cuda"] = torch.version.cuda
+    else:
+        meta["cpu"] = platform.processor() or platform.machine()
+        meta["threads"] = torch.get_num_threads()
+    return meta
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        workloads = select(load_workloads(), args.suite, args.workloads)
+        runner.check_backends(args.backends)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"bench: {error}", file=sys.stderr)
+        return 2
+    if args.list:
+        for w in load_workloads():
+            print(f"{w.name:16} {w.suite:7} {w.description}")
+        return 0
+    if not workloads:
+        print(f"bench: no workload in suites {args.suite} matches {args.workloads}", file=sys.stderr)
+        return 2
+    device = _device(args.device)
+    dtype = DTYPES[args.dtype]
+    for name, value in (("--repeat", args.repeat), ("--warmup", args.warmup)):
+        if value is not None and value < (1 if name == "--repeat" else 0):
+            print(f"bench: {name} must be at least {1 if name == '--repeat' else 0}, got {value}", file=sys.stderr)
+            return 2
+    settings = runner.Settings(
+        device=device, dtype=dtype, quick=args.quick,
+        warmup=args.warmup if args.warmup is not None else (1 if args.quick else 3),
+        repeat=args.repeat if args.repeat is not None else (5 if args.quick else 20),
+        float64_reference=args.float64_reference,
+    )
+    meta = describe_environment(device)
+    meta.update(dtype=args.dtype, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
+                backends=args.backends, modes=args.modes)
+    copy_bytes_per_s = None
+    if any(w.suite == "micro" for w in workloads):
+        numel = 2**20 if args.quick else 2**26
+        copy_bytes_per_s = runner.measure.copy_bandwidth(device, dtype, numel)
+        meta["copy_GBps"] = round(copy_bytes_per_s / 1e9, 1)
+    print(f"bench: {len(workloads)} workload(s) x {len(args.modes)} mode(s) x {len(args.backends)} backend(s) "
+          f"on {meta.get('gpu', device.type)}, {args.dtype}", file=sys.stderr, flush=True)
+
+    results = runner.run_all(workloads, args.modes, args.backends, settings, copy_bytes_per_s)
+
+    memory = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak resident set size of the process"
+    print(f"\n## {meta['date']}: {meta.get('gpu', meta.get('cpu'))}, torch {meta['torch']}, {args.dtype}"
+          f"{', quick sizes' if args.quick else ''}\n")
+    print(report.table(results))
+    print("\n" + report.LEGEND.format(memory=memory))
+    json_path = args.json or Path("bench_out") / f"bench-{device.type}-{args.dtype}.json"
+    report.write_json(json_path, meta, results)
+    written = [str(json_path)]
+    chart = json_path.with_suffix(".png")
+    if report.write_chart(chart, results, f"{meta.get('gpu', device.type)}, {args.dtype}, torch {meta['torch']}"):
+        written.append(str(chart))
+    print(f"\nwrote {', '.join(written)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,106 @@
+"""The results as a Markdown table (stdout), JSON, and a PNG bar chart when matplotlib is there."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from aotforge.bench.runner import Result
+
+COLUMNS = (
+    "workload", "mode", "backend", "status", "median ms", "speedup", "vs inductor",
+    "first call s", "peak MiB", "graphs", "GB/s (of copy)", "note",
+)
+
+
+def _number(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.{digits}f}{suffix}"
+
+
+def _row(result: Result) -> list[str]:
+    graphs = ""
+    if result.graphs is not None:
+        graphs = str(result.graphs) + (f" ({result.graph_breaks} breaks)" if result.graph_breaks else "")
+    bandwidth = ""
+    if result.gbps is not None:
+        bandwidth = f"{result.gbps:.0f}"
+        if result.copy_fraction is not None:
+            bandwidth += f" ({100 * result.copy_fraction:.0f}%)"
+    median_digits = 3 if result.median_ms is not None and result.median_ms < 10 else 1
+    return [
+        result.workload, result.mode, result.backend, result.status,
+        _number(result.median_ms, median_digits), _number(result.speedup, 2, "x"),
+        _number(result.vs_inductor, 2, "x"), _number(result.compile_s, 1 if (result.compile_s or 0) >= 1 else 2),
+        _number(None if result.peak_bytes is None else result.peak_bytes / 2**20, 0),
+        graphs, bandwidth, result.reason.replace("|", "/"),
+    ]
+
+
+def table(results: Sequence[Result]) -> str:
+    """A Markdown table, one row per workload, mode and backend."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_row(result)) + " |" for result in results]
+    return "\n".join(lines)
+
+
+LEGEND = (
+    "median ms: one step (training: forward + backward; inference: forward under no_grad); "
+    "speedup: eager's median / this one; vs inductor: inductor's median / this one (>1 is faster "
+    "than inductor); first call s: wall time of the first step, compilation included; peak MiB: "
+    "{memory} over the timed steps; graphs: FX graphs Dynamo compiled (and graph breaks); "
+    "GB/s: the fewest bytes a micro kernel must move per step over its median time, and that "
+    "as a share of a device-to-device copy's bandwidth."
+)
+
+
+def write_json(path: Path, meta: dict[str, Any], results: Sequence[Result]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, "results": [dataclasses.asdict(result) for result in results]}
+    path.write_text(json.dumps(_finite(payload), indent=1, default=str, allow_nan=False) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    """Strict JSON has no inf/NaN: write them as the strings "inf" / "nan"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def write_chart(path: Path, results: Sequence[Result], title: str) -> bool:
+    """A grouped bar chart of speedup over eager; False (and nothing written) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups = list(dict.fromkeys(f"{r.workload}\n{r.mode}" for r in results if r.backend != "-"))
+    backends = list(dict.fromkeys(r.backend for r in results if r.backend != "-"))
+    if not groups or not backends:
+        return False
+    speedups = {(f"{r.workload}\n{r.mode}", r.backend): r.speedup for r in results}
+    width = 0.8 / len(backends)
+    figure, axis = plt.subplots(figsize=(max(8, 0.9 * len(groups) * max(1, len(backends) / 2)), 4.5))
+    for index, backend in enumerate(backends):
+        heights = [speedups.get((group, backend)) or 0.0 for group in groups]
+        positions = [g + (index - (len(backends) - 1) / 2) * width for g in range(len(groups))]
+        axis.bar(positions, heights, width, label=backend)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks(range(len(groups)), groups, fontsize=7)
+    axis.set_ylabel("speedup over eager (0: failed, wrong or skipped)")
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True

@@ -1,0 +1,88 @@
+"""What a benchmark workload is, and where the workloads are found.
+
+A workload builds, on the CPU in float32 and from a fixed seed, a module and its example
+inputs for one mode (``"train"`` or ``"infer"``). The harness copies that pristine case to
+the device and dtype of the run, once per backend, so that every backend starts from the same
+weights and the same data.
+
+The workloads themselves live in the repository's ``benchmarks/workloads/`` package (they are
+benchmarks, not part of the library); :func:`load_workloads` finds it next to this package.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+MODES = ("train", "infer")
+SUITES = ("models", "micro", "hf")
+
+
+@dataclasses.dataclass
+class Case:
+    """One workload, built for one mode: what the harness runs."""
+
+    module: torch.nn.Module
+    inputs: tuple
+    # Positions of floating-point inputs that take a gradient in training (micro kernels:
+    # their input gradient is the point of the backward).
+    grad_inputs: tuple[int, ...] = ()
+    # Fewest bytes one step must move through memory at element size 1 (multiplied by the
+    # run's element size); None where achieved bandwidth means nothing (compute-bound models).
+    elements_moved: int | None = None
+
+
+@dataclasses.dataclass
+class Workload:
+    """A named benchmark: ``build(mode, quick)`` returns the pristine CPU float32 :class:`Case`."""
+
+    name: str
+    suite: str
+    build: Callable[[str, bool], Case]
+    description: str = ""
+    # Python packages the workload needs; it is reported SKIPPED when one is missing.
+    requires: tuple[str, ...] = ()
+
+    def missing_packages(self) -> list[str]:
+        return [name for name in self.requires if importlib.util.find_spec(name) is None]
+
+
+def benchmarks_dir() -> Path:
+    """The repository's ``benchmarks/`` folder (this package lives in ``<repo>/aotforge/``)."""
+    return Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_workloads() -> list[Workload]:
+    """Import ``benchmarks/workloads`` and return its ``WORKLOADS`` list."""
+    folder = benchmarks_dir()
+    if not (folder / "workloads" / "__init__.py").is_file():
+        raise FileNotFoundError(
+            f"the benchmark workloads were not found at {folder / 'workloads'}; "
+            "`python -m aotforge bench` runs from a checkout of the aotforge repository "
+            "(install it with `pip install -e .`)"
+        )
+    root = str(folder.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    module = importlib.import_module("benchmarks.workloads")
+    return list(module.WORKLOADS)
+
+
+def select(
+    workloads: Sequence[Workload], suites: Sequence[str], names: Sequence[str] = ()
+) -> list[Workload]:
+    """Filter by suite and, if ``names`` is given, by workload name (in the given order)."""
+    known = {w.name: w for w in workloads}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown workload(s) {unknown}; choose from {sorted(known)} "
+            "(`python -m aotforge bench --list` shows them)"
+        )
+    chosen = [known[name] for name in names] if names else list(workloads)
+    return [w for w in chosen if w.suite in suites]

@@ -1,0 +1,1 @@
+"""aotforge's benchmarks (not tests): run them with ``python -m aotforge bench``."""

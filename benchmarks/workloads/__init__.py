@@ -1,0 +1,16 @@
+"""The workloads of ``python -m aotforge bench``, by suite.
+
+- ``models``: an MLP with LayerNorm/GELU, a nanoGPT-style transformer, a ResNet-style CNN;
+- ``micro``: memory-bound kernels (LayerNorm+GELU, softmax, RMSNorm, cross-entropy), whose
+  achieved bandwidth is reported as a fraction of a device copy;
+- ``hf``: Hugging Face GPT-2 and BERT (from their configs, random weights) and timm's
+  ResNet-50, when those packages are installed.
+
+Each workload builds a fresh CPU float32 case from a fixed seed; sizes are small under
+``--quick`` (CPU, CI smoke runs) and large enough to fill a GPU otherwise.
+"""
+from benchmarks.workloads.hf import HF_WORKLOADS
+from benchmarks.workloads.micro import MICRO_WORKLOADS
+from benchmarks.workloads.models import MODEL_WORKLOADS
+
+WORKLOADS = [*MODEL_WORKLOADS, *MICRO_WORKLOADS, *HF_WORKLOADS]
