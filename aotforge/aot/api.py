@@ -232,13 +232,7 @@ def aot_module_simplified(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params,
         keep_inference_input_mutations, inference_compiler, False, "dynamo_graph",
     )
-    fake_mode = next(
-        (a.fake_mode for a in args if hasattr(a, "fake_mode")), None
-    )
-    fake_params = params
-    if fake_mode is not None:
-        fake_params = [fake_mode.from_tensor(p, static_shapes=True) for p in params]
-    flat_args = [*fake_params, *args]
+    flat_args = [*params, *args]
     run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
 
     def forward(*runtime_args):

@@ -5,13 +5,12 @@ function of its own.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Sequence
 
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
@@ -28,27 +27,20 @@ def is_training_call(flat_args: Sequence) -> bool:
     )
 
 
-def fake_mode_for(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, bool]:
-    """Reuse the fake mode the inputs already carry (Dynamo's), or make our own.
-
-    Returns the mode and whether the inputs are already fake.
-    """
-    existing = detect_fake_mode(flat_args)
-    if existing is not None:
-        return existing, True
-    shape_env = ShapeEnv() if dynamic else None
-    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
-    return mode, False
-
-
-def fakeify(flat_args: Sequence, fake_mode: FakeTensorMode, dynamic: bool) -> list:
+def fake_inputs(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, list]:
+    """Fake versions of the inputs, in the fake mode they already belong to (Dynamo's
+    tracing context) or in a new one (with symbolic shapes if ``dynamic``)."""
+    fake_mode = detect_fake_mode(flat_args)
+    static_shapes = None
+    if fake_mode is None:
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic else None, allow_non_fake_inputs=True)
+        static_shapes = not dynamic
     fakes = []
     for arg in flat_args:
-        if isinstance(arg, torch.Tensor):
-            fakes.append(fake_mode.from_tensor(arg, static_shapes=not dynamic))
-        else:
-            fakes.append(arg)
-    return fakes
+        if isinstance(arg, torch.Tensor) and not isinstance(arg, FakeTensor):
+            arg = fake_mode.from_tensor(arg, static_shapes=static_shapes)
+        fakes.append(arg)
+    return fake_mode, fakes
 
 
 def compile_flat(
@@ -62,9 +54,8 @@ def compile_flat(
 
     Returns ``(run, meta, fake_args)`` where ``run(args_list)`` returns the user's flat outputs.
     """
-    fake_mode, already_fake = fake_mode_for(flat_args, config.dynamic)
-    fake_args = list(flat_args) if already_fake else fakeify(flat_args, fake_mode, config.dynamic)
-    with fake_mode if not already_fake else contextlib.nullcontext():
+    fake_mode, fake_args = fake_inputs(flat_args, config.dynamic)
+    with fake_mode:
         meta, graph_output_fakes = collect_metadata(
             flat_fn,
             fake_args,

@@ -23,6 +23,7 @@ After::
 """
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Sequence
 
 import torch
@@ -62,6 +63,18 @@ def ancestors(outputs: Iterable, stop: set[fx.Node] = frozenset()) -> set[fx.Nod
             continue
         work.extend(node.all_input_nodes)
     return seen
+
+
+def tuple_elements(nodes: set[fx.Node]) -> set[fx.Node]:
+    """The getitem nodes that unpack multi-output nodes in ``nodes``: a tuple is never saved,
+    its elements are."""
+    return {
+        user
+        for node in nodes
+        if isinstance(node.meta.get("val"), (tuple, list))
+        for user in node.users
+        if user.target is operator.getitem
+    }
 
 
 def extract_graph(
@@ -127,11 +140,17 @@ def default_partition(
     fwd_outputs, bwd_outputs = joint_outputs(joint_module, num_fwd_outputs)
     forward_nodes = ancestors(fwd_outputs)
     forward_nodes |= {n for n in joint_module.graph.nodes if is_primal(n)}
+    forward_nodes |= tuple_elements(forward_nodes)
     backward_nodes = ancestors(bwd_outputs, stop=forward_nodes) - forward_nodes
     saved: list[fx.Node] = []
     for node in joint_module.graph.nodes:
         if node in forward_nodes and any(user in backward_nodes for user in node.users):
-            saved.append(node)
+            if isinstance(node.meta.get("val"), (tuple, list)):
+                # A multi-output op (native_layer_norm): a tuple cannot be saved, its
+                # elements (getitem nodes) that the backward reads are saved instead.
+                saved.extend(u for u in node.users if u in backward_nodes)
+            else:
+                saved.append(node)
     saved_values = [n for n in saved if not is_symbolic(n)]
     saved_symints = [n for n in saved if is_symbolic(n)]
     return split_with_saved_values(joint_module, saved_values, saved_symints, num_fwd_outputs)

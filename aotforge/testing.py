@@ -1,0 +1,219 @@
+"""``verify``: run a function eagerly and through aotforge and check that a user could not
+tell the difference. Eager PyTorch is the oracle; every test of aotforge goes through here.
+
+What is compared, for each mode (training, inference with and without kept mutations):
+outputs (values, dtype, shape, stride, requires_grad, is_leaf, grad_fn presence), the inputs
+after the call (values, shape, stride, offset), which outputs share storage with which inputs
+and outputs, gradients of every leaf, and what mutating each output afterwards does.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from .aot import aot_function
+from .aot.boxing import nop
+
+MODES = ("train", "inference", "inference_keep_mutations")
+
+
+@dataclasses.dataclass
+class Inputs:
+    """Arguments for one call, plus leaves (not among the args) whose gradients to compare,
+    e.g. the leaf a non-leaf input was computed from."""
+
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    leaves: Sequence[torch.Tensor] = ()
+
+
+def default_compile(fn: Callable, mode: str) -> Callable:
+    return aot_function(
+        fn, nop, nop, keep_inference_input_mutations=(mode == "inference_keep_mutations")
+    )
+
+
+def _fresh_inputs(make_inputs: Callable) -> Inputs:
+    torch.manual_seed(0)
+    made = make_inputs()
+    if isinstance(made, Inputs):
+        return made
+    if isinstance(made, tuple):
+        return Inputs(made)
+    return Inputs((made,))
+
+
+def _leaves(inputs: Inputs) -> list[torch.Tensor]:
+    found = [t for t in pytree.tree_leaves((inputs.args, inputs.kwargs)) if isinstance(t, torch.Tensor)]
+    result = [t for t in found if t.is_leaf and t.requires_grad]
+    result += [t for t in inputs.leaves if all(t is not r for r in result)]
+    return result
+
+
+def _input_tensors(inputs: Inputs) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves((inputs.args, inputs.kwargs)) if isinstance(t, torch.Tensor)]
+
+
+@dataclasses.dataclass
+class Observation:
+    outputs: Any = None
+    error: Optional[BaseException] = None
+    grads: list = dataclasses.field(default_factory=list)
+    inputs_after: list = dataclasses.field(default_factory=list)
+    aliasing: list = dataclasses.field(default_factory=list)
+    after_output_mutation: list = dataclasses.field(default_factory=list)
+
+
+def _storage(t: torch.Tensor):
+    return t.untyped_storage().data_ptr()
+
+
+def _snapshot(t: torch.Tensor) -> tuple:
+    return (t.detach().clone(), tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
+def _observe(fn: Callable, make_inputs: Callable, mode: str, mutate_outputs: bool) -> Observation:
+    obs = Observation()
+    inputs = _fresh_inputs(make_inputs)
+    tensors = _input_tensors(inputs)
+    try:
+        if mode == "train":
+            outputs = fn(*inputs.args, **inputs.kwargs)
+        else:
+            with torch.no_grad():
+                outputs = fn(*inputs.args, **inputs.kwargs)
+    except Exception as error:  # eager's rejections must be ours too
+        obs.error = error
+        return obs
+    obs.outputs = outputs
+    flat_outputs = pytree.tree_leaves(outputs)
+    obs.inputs_after = [_snapshot(t) for t in tensors]
+    input_storages = [_storage(t) for t in tensors]
+    out_tensors = [o for o in flat_outputs if isinstance(o, torch.Tensor)]
+    out_storages = [_storage(o) for o in out_tensors]
+    obs.aliasing = [
+        (
+            [j for j, s in enumerate(input_storages) if s == storage],
+            [j for j, s in enumerate(out_storages) if s == storage],
+        )
+        for storage in out_storages
+    ]
+    if mode == "train":
+        obs.grads = _gradients(out_tensors, tensors, _leaves(inputs))
+    if mutate_outputs:
+        obs.after_output_mutation = _mutate_outputs(out_tensors, tensors)
+    return obs
+
+
+def _gradients(outputs, inputs, leaves) -> list:
+    """Backpropagate a weighted sum of every differentiable output and of every non-leaf input
+    (whose value a mutation may have changed) and return each leaf's gradient."""
+    generator = torch.Generator().manual_seed(1)
+    terms = []
+    for value in [*outputs, *(t for t in inputs if not t.is_leaf)]:
+        if value.requires_grad and value.is_floating_point():
+            weight = torch.randn(value.shape, generator=generator, dtype=torch.float64)
+            terms.append((value * weight.to(value.dtype)).sum())
+    for leaf in leaves:
+        leaf.grad = None
+    if terms:
+        torch.stack([t.to(torch.float64) for t in terms]).sum().backward()
+    return [None if leaf.grad is None else leaf.grad.clone() for leaf in leaves]
+
+
+def _mutate_outputs(outputs, inputs) -> list:
+    """Add one to each output in turn; record what the inputs and outputs look like after."""
+    results = []
+    for out in outputs:
+        if out.dtype == torch.bool or out.numel() == 0:
+            continue
+        try:
+            with torch.no_grad():
+                out.add_(1)
+            results.append([t.detach().clone() for t in (*inputs, *outputs)])
+        except Exception as error:
+            results.append(type(error))
+    return results
+
+
+def _assert_same_tensor(actual, expected, what, rtol, atol, check_stride=True):
+    assert isinstance(actual, torch.Tensor), f"{what}: expected a tensor, got {type(actual)}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != eager {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != eager {expected.dtype}"
+    if check_stride:
+        assert actual.stride() == expected.stride(), f"{what}: stride {actual.stride()} != eager {expected.stride()}"
+    torch.testing.assert_close(actual.detach(), expected.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def compare(actual: Observation, expected: Observation, mode: str, rtol: float, atol: float, check_output_strides: bool):
+    if expected.error is not None:
+        assert actual.error is not None, f"[{mode}] eager raised {expected.error!r}, aotforge did not"
+        assert type(actual.error) is type(expected.error) or isinstance(actual.error, RuntimeError), (
+            f"[{mode}] eager raised {type(expected.error).__name__}, aotforge raised "
+            f"{type(actual.error).__name__}: {actual.error}"
+        )
+        return
+    if actual.error is not None:
+        raise AssertionError(f"[{mode}] aotforge raised but eager did not") from actual.error
+    flat_actual, spec_actual = pytree.tree_flatten(actual.outputs)
+    flat_expected, spec_expected = pytree.tree_flatten(expected.outputs)
+    assert spec_actual == spec_expected, f"[{mode}] output structure {spec_actual} != eager {spec_expected}"
+    for i, (a, e) in enumerate(zip(flat_actual, flat_expected)):
+        what = f"[{mode}] output {i}"
+        if isinstance(e, torch.Tensor):
+            _assert_same_tensor(a, e, what, rtol, atol, check_output_strides)
+            assert a.requires_grad == e.requires_grad, f"{what}: requires_grad {a.requires_grad} != eager {e.requires_grad}"
+            assert a.is_leaf == e.is_leaf, f"{what}: is_leaf {a.is_leaf} != eager {e.is_leaf}"
+            assert (a.grad_fn is None) == (e.grad_fn is None), f"{what}: grad_fn {a.grad_fn} vs eager {e.grad_fn}"
+        else:
+            assert a == e, f"{what}: {a!r} != eager {e!r}"
+    for i, (a, e) in enumerate(zip(actual.inputs_after, expected.inputs_after)):
+        what = f"[{mode}] input {i} after the call"
+        assert a[1:] == e[1:], f"{what}: (shape, stride, offset, dtype) {a[1:]} != eager {e[1:]}"
+        torch.testing.assert_close(a[0], e[0], rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    assert actual.aliasing == expected.aliasing, (
+        f"[{mode}] aliasing (inputs, outputs) shared per output {actual.aliasing} != eager {expected.aliasing}"
+    )
+    for i, (a, e) in enumerate(zip(actual.grads, expected.grads)):
+        what = f"[{mode}] gradient of leaf {i}"
+        assert (a is None) == (e is None), f"{what}: {'missing' if a is None else 'present'}, eager differs"
+        if e is not None:
+            _assert_same_tensor(a, e, what, rtol, atol, check_stride=False)
+    assert len(actual.after_output_mutation) == len(expected.after_output_mutation)
+    for i, (a, e) in enumerate(zip(actual.after_output_mutation, expected.after_output_mutation)):
+        what = f"[{mode}] after mutating output {i}"
+        if isinstance(e, type):
+            assert isinstance(a, type), f"{what}: eager raised {e.__name__}, aotforge did not"
+            continue
+        assert not isinstance(a, type), f"{what}: aotforge raised {a}, eager did not"
+        for j, (x, y) in enumerate(zip(a, e)):
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=lambda m: f"{what}, tensor {j}: {m}")
+
+
+def verify(
+    fn: Callable,
+    make_inputs: Callable,
+    *,
+    modes: Sequence[str] = MODES,
+    compile: Callable[[Callable, str], Callable] = default_compile,
+    rtol: float = 1e-7,
+    atol: float = 1e-7,
+    calls: int = 2,
+    mutate_outputs: bool = True,
+    check_output_strides: bool = True,
+) -> None:
+    """Check that ``compile(fn, mode)`` behaves exactly like ``fn`` for ``make_inputs()``.
+
+    ``make_inputs`` builds fresh arguments on each call (seeded, so eager and compiled see the
+    same values): a tuple of arguments, or an ``Inputs``. The compiled function is called
+    ``calls`` times per mode, so that cached (second-call) paths are checked too.
+    """
+    for mode in modes:
+        expected = _observe(fn, make_inputs, mode, mutate_outputs)
+        compiled = compile(fn, mode)
+        for _ in range(calls):
+            actual = _observe(compiled, make_inputs, mode, mutate_outputs)
+            compare(actual, expected, mode, rtol, atol, check_output_strides)
