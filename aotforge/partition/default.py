@@ -145,12 +145,7 @@ def default_partition(
     saved: list[fx.Node] = []
     for node in joint_module.graph.nodes:
         if node in forward_nodes and any(user in backward_nodes for user in node.users):
-            if isinstance(node.meta.get("val"), (tuple, list)):
-                # A multi-output op (native_layer_norm): a tuple cannot be saved, its
-                # elements (getitem nodes) that the backward reads are saved instead.
-                saved.extend(u for u in node.users if u in backward_nodes)
-            else:
-                saved.append(node)
+            saved.append(node)
     saved_values = [n for n in saved if not is_symbolic(n)]
     saved_symints = [n for n in saved if is_symbolic(n)]
     return split_with_saved_values(joint_module, saved_values, saved_symints, num_fwd_outputs)
