@@ -58,6 +58,7 @@ class Result:
     peak_bytes: int | None = None
     graphs: int | None = None
     graph_breaks: int | None = None
+    break_reasons: list[str] = dataclasses.field(default_factory=list)
     max_error: float | None = None
     speedup: float | None = None  # eager median / this median
     vs_inductor: float | None = None  # inductor median / this median
@@ -178,8 +179,11 @@ def run_eager_once(case: Case, mode: str, device: torch.device, dtype: torch.dty
 
 def one_line(error: BaseException) -> str:
     """The innermost cause's type and first line: what went wrong, not where Dynamo wrapped it."""
-    while error.__cause__ is not None and error.__cause__ is not error:
-        error = error.__cause__
+    for _ in range(20):  # Dynamo wraps a backend's error in BackendCompilerFailed
+        inner = getattr(error, "inner_exception", None) or error.__cause__
+        if inner is None or inner is error:
+            break
+        error = inner
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     return text if len(text) <= 200 else text[:197] + "..."
@@ -199,6 +203,12 @@ def _graph_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def _break_reasons() -> list[str]:
+    from torch._dynamo.utils import counters
+
+    return [f"{count}x {reason.splitlines()[0][:200]}" for reason, count in counters["graph_break"].most_common(5)]
 
 
 def run_backend(
@@ -224,6 +234,7 @@ def run_backend(
         del out
         if backend != "eager":
             result.graphs, result.graph_breaks = _graph_counts()
+            result.break_reasons = _break_reasons()
         result.max_error, mismatch = measure.compare(actual, eager, allowed)
         del actual
         if mismatch is not None:
