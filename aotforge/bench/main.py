@@ -6,6 +6,7 @@ import datetime
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -58,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes: for the CPU and CI smoke runs")
     p.add_argument("--no-float64-check", dest="float64_reference", action="store_false",
                    help="skip the float64 eager run that measures eager's own error")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="start nothing new after this many seconds; what is left is SKIPPED")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p
 
@@ -130,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup if args.warmup is not None else (1 if args.quick else 3),
         repeat=args.repeat if args.repeat is not None else (5 if args.quick else 20),
         float64_reference=args.float64_reference,
+        deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
     )
     meta = describe_environment(device)
     meta.update(dtype=args.dtype, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
@@ -142,14 +146,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"bench: {len(workloads)} workload(s) x {len(args.modes)} mode(s) x {len(args.backends)} backend(s) "
           f"on {meta.get('gpu', device.type)}, {args.dtype}", file=sys.stderr, flush=True)
 
-    results = runner.run_all(workloads, args.modes, args.backends, settings, copy_bytes_per_s)
+    json_path = args.json or Path("bench_out") / f"bench-{device.type}-{args.dtype}.json"
+    results = runner.run_all(
+        workloads, args.modes, args.backends, settings, copy_bytes_per_s,
+        on_progress=lambda so_far: report.write_json(json_path, meta, so_far),
+    )
 
     memory = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak resident set size of the process"
     print(f"\n## {meta['date']}: {meta.get('gpu', meta.get('cpu'))}, torch {meta['torch']}, {args.dtype}"
           f"{', quick sizes' if args.quick else ''}\n")
     print(report.table(results))
     print("\n" + report.LEGEND.format(memory=memory))
-    json_path = args.json or Path("bench_out") / f"bench-{device.type}-{args.dtype}.json"
     report.write_json(json_path, meta, results)
     written = [str(json_path)]
     chart = json_path.with_suffix(".png")

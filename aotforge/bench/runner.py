@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import gc
 import sys
+import time
 import traceback
 from typing import Callable, Iterable, Sequence
 
@@ -29,6 +30,7 @@ from aotforge.bench.workload import Case, Workload
 # Backends by name: plain eager, torch.compile's default (inductor), aotforge's two.
 DEFAULT_BACKENDS = ("eager", "inductor", "aotforge_eager", "aotforge")
 GRAD_OUTPUT_SEED = 1234
+OUT_OF_TIME = "time budget (--time-budget) spent"
 
 
 @dataclasses.dataclass
@@ -42,6 +44,12 @@ class Settings:
     min_warmup_s: float = 0.5
     # Run eager in float64 once per workload to measure eager's own error (widens tolerances).
     float64_reference: bool = True
+    # time.monotonic() after which nothing new starts: the rest is SKIPPED, so that a run
+    # under a hard time limit still ends with its table and JSON. None: no limit.
+    deadline: float | None = None
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
 
 
 @dataclasses.dataclass
@@ -265,6 +273,8 @@ def run_workload(
     progress: Callable[[str], None],
     copy_bytes_per_s: float | None = None,
 ) -> list[Result]:
+    if settings.out_of_time():
+        return [Result(workload.name, workload.suite, mode, b, "SKIPPED", OUT_OF_TIME) for b in backends]
     missing = workload.missing_packages()
     if missing:
         return [Result(workload.name, workload.suite, mode, "-", "SKIPPED", f"needs {', '.join(missing)}")]
@@ -283,6 +293,9 @@ def run_workload(
     allowed = measure.allowed_errors(eager, reference, settings.dtype)
     results = []
     for backend in backends:
+        if settings.out_of_time():
+            results.append(Result(workload.name, workload.suite, mode, backend, "SKIPPED", OUT_OF_TIME))
+            continue
         progress(f"{workload.name} {mode} {backend} ...")
         result = run_backend(backend, workload, case, mode, settings, eager, allowed)
         progress(f"{workload.name} {mode} {backend}: {describe(result)}")
@@ -321,7 +334,11 @@ def run_all(
     settings: Settings,
     copy_bytes_per_s: float | None = None,
     log: Callable[[str], None] | None = None,
+    on_progress: Callable[[list[Result]], None] | None = None,
 ) -> list[Result]:
+    """Every workload in every mode under every backend; ``on_progress(results so far)`` after
+    each workload and mode (the command line rewrites its JSON there, so a killed run keeps
+    what it measured)."""
     pairs = [(w, m) for w in workloads for m in modes]
     results: list[Result] = []
     for number, (workload, mode) in enumerate(pairs, 1):
@@ -329,6 +346,8 @@ def run_all(
             (log or _stderr)(f"[{number}/{len(pairs)}] {message}")
 
         results.extend(run_workload(workload, mode, backends, settings, progress, copy_bytes_per_s))
+        if on_progress is not None:
+            on_progress(results)
     return results
 
 
