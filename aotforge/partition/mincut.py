@@ -33,8 +33,8 @@ After (min-cut saves only ``add``; the backward recomputes ``gelu`` from it)::
         return (mul, primals_1, primals_2, add)
 
 ``aotforge.config.activation_memory_budget`` trades speed for memory: 1 is the cut above;
-0 saves only the inputs (and what random ops drew) and recomputes everything else, matmuls
-included; in between a knapsack keeps the compute-heavy ops whose outputs buy the most
+0 saves only the inputs (and what never-recomputed ops such as dropout produced) and
+recomputes everything else, matmuls included; in between a knapsack keeps the compute-heavy ops whose outputs buy the most
 runtime per byte, within ``min + budget * (max - min)`` saved bytes.
 """
 from __future__ import annotations
@@ -252,11 +252,12 @@ def save_cost(node: fx.Node, info: JointInfo) -> int | None:
         return None  # tuples (their getitems are saved instead), SymFloats, no value
     if node in info.static_inputs:
         return 0
-    distance = min(info.distance.get(node, 1), DISTANCE_CAP)
+    # A saved view keeps its base's memory alive, so it is as far from the backward as its
+    # base; at equal cost the base is saved (+1), and the backward recomputes the view.
+    base = op_costs.view_base(node)
+    distance = min(info.distance.get(base, info.distance.get(node, 1)), DISTANCE_CAP)
     cost = max(op_costs.tensor_bytes(value), 1) * (DISTANCE_SCALE + distance)
-    # Between a view and its base at equal cost, save the base: it is what owns the memory,
-    # and the backward recomputes the view for free.
-    return cost + 1 if op_costs.is_view(node) else cost
+    return cost + 1 if base is not node else cost
 
 
 def solve_min_cut(
@@ -322,8 +323,12 @@ def _banned(node: fx.Node) -> bool:
 
 
 def _always_banned(node: fx.Node) -> bool:
-    """Never recomputable whatever the budget: random draws and ops we know nothing about."""
-    return node.op == "call_function" and op_costs.op_kind(node) in (op_costs.RANDOM, op_costs.UNKNOWN)
+    """Never recomputable whatever the budget: random draws, state updates and ops we know
+    nothing about."""
+    return node.op == "call_function" and op_costs.op_kind(node) in NEVER_RECOMPUTED
+
+
+NEVER_RECOMPUTED = (op_costs.RANDOM, op_costs.STATE_UPDATE, op_costs.UNKNOWN)
 
 
 def _infinite_path(network: nx.DiGraph) -> str:
@@ -378,8 +383,9 @@ def choose_saved_values(graph: fx.Graph, info: JointInfo, budget: float) -> list
 
 
 def save_only_inputs(graph: fx.Graph, info: JointInfo) -> list[fx.Node]:
-    """Budget 0: save only inputs; recompute everything else, matmuls included. Values drawn
-    by random ops (and ops we know nothing about) are saved too: they cannot be redrawn."""
+    """Budget 0: save only inputs; recompute everything else, matmuls included. What the
+    never-recomputed ops produce is saved too: random draws cannot be redrawn, training batch
+    norm must not reread running statistics updated after the forward, unknown ops are unknown."""
     saveable = set(info.primals)
     for node in graph.nodes:
         if node in info.live and _always_banned(node):

@@ -125,8 +125,10 @@ def capture_joint(
     frontend: str = "torch",
     scale: int = 1,
     seed: int = 0,
+    decompositions: dict | None = None,
 ) -> Joint:
-    """Trace ``case`` and capture its joint graph through torch's or aotforge's aot_function."""
+    """Trace ``case`` and capture its joint graph through torch's or aotforge's aot_function
+    (``frontend``), after ``decompositions`` if given."""
     torch.manual_seed(seed)
     model = case.make().to(device=device, dtype=dtype)
     fn, state, names = functional_model(model)
@@ -150,12 +152,17 @@ def capture_joint(
             fw_compiler=make_boxed_compiler(lambda gm, _: gm),
             partition_fn=capture,
             num_params_buffers=len(state),
+            decompositions=decompositions,
         )
     else:
         import aotforge
 
         compiled = aotforge.aot_function(
-            fn, fw_compiler=aotforge.nop, partition_fn=capture, num_params_buffers=len(state)
+            fn,
+            fw_compiler=aotforge.nop,
+            partition_fn=capture,
+            num_params_buffers=len(state),
+            decompositions=decompositions,
         )
     compiled(*state, x)
     joint, inputs, num_fwd_outputs, kwargs = captured[0]
