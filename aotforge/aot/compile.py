@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
+from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
 from .runtime import make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
@@ -54,14 +55,30 @@ def compile_flat(
 
     Returns ``(run, meta, fake_args)`` where ``run(args_list)`` returns the user's flat outputs.
     """
+    transforms: list = []
+    if DedupeInputs.needed(flat_args):
+        transforms.append(DedupeInputs(flat_args))
+        flat_fn, flat_args = transforms[-1].pre_compile(flat_fn, flat_args)
     fake_mode, fake_args = fake_inputs(flat_args, config.dynamic)
-    with fake_mode:
-        meta, graph_output_fakes = collect_metadata(
-            flat_fn,
-            fake_args,
-            is_training=is_training,
-            keep_inference_input_mutations=config.keep_inference_input_mutations,
-        )
+    # Fakes aligned with the caller's arguments (duplicates repeated), for shape guards.
+    original_fake_args = [fake_args[i] for i in transforms[0].source] if transforms else fake_args
+
+    def collect(fn, args):
+        with fake_mode:
+            return collect_metadata(
+                fn,
+                args,
+                is_training=is_training,
+                keep_inference_input_mutations=config.keep_inference_input_mutations,
+            )
+
+    meta, graph_output_fakes = collect(flat_fn, fake_args)
+    groups = alias_groups(fake_args, meta)
+    if groups:
+        transforms.append(SyntheticBases(groups, fake_args))
+        with fake_mode:
+            flat_fn, fake_args = transforms[-1].pre_compile(flat_fn, fake_args)
+        meta, graph_output_fakes = collect(flat_fn, fake_args)
     debug.artifact("metadata", f"{config.name}_metadata", meta.describe(), suffix=".txt")
     graph_fn = graph_outputs_fn(flat_fn, meta)
     if is_training and any(meta.graph_output_requires_grad()):
@@ -69,7 +86,7 @@ def compile_flat(
     else:
         meta.is_training = False
         run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode)
-    return run, meta, fake_args
+    return apply_post_compile(run, transforms), meta, original_fake_args
 
 
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode) -> Callable:
@@ -102,6 +119,7 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     saved = _output_values(forward)[num_outputs:]
     num_saved_symints = sum(1 for v in saved if isinstance(v, (torch.SymInt, int)))
     num_saved_tensors = len(saved) - num_saved_symints
+    clone_saved = _saved_aliases_of_mutated_inputs(forward, meta, num_outputs, num_saved_tensors)
     with torch.no_grad():
         compiled_forward = config.fw_compiler(forward, _placeholder_values(forward))
     return make_training_runtime(
@@ -112,6 +130,36 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         fake_args,
         num_saved_tensors,
         num_saved_symints,
+        clone_saved,
+    )
+
+
+def _saved_aliases_of_mutated_inputs(forward: fx.GraphModule, meta, num_outputs: int, num_saved: int) -> list[int]:
+    """Saved tensors that are (views of) inputs the epilogue will mutate. The backward must see
+    their values from before the write-back, so the runtime saves clones of them."""
+    mutated = {
+        i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata
+    }
+    placeholders = forward.graph.find_nodes(op="placeholder")
+    mutated_nodes = {placeholders[i] for i in mutated}
+    (output,) = forward.graph.find_nodes(op="output")
+    saved_nodes = output.args[0][num_outputs : num_outputs + num_saved]
+    result = []
+    for position, node in enumerate(saved_nodes):
+        while isinstance(node, fx.Node) and node.op == "call_function" and _is_view_op(node.target):
+            node = node.args[0]
+        if node in mutated_nodes:
+            result.append(position)
+    return result
+
+
+def _is_view_op(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    return bool(
+        schema is not None
+        and schema.returns
+        and schema.returns[0].alias_info is not None
+        and not schema.returns[0].alias_info.is_write
     )
 
 

@@ -41,10 +41,11 @@ def collect_metadata(
             for index, arg in enumerate(functional_args):
                 if isinstance(arg, torch.Tensor):
                     storages.setdefault(storage_ref(arg), index)
+            grad_fns_before = [getattr(a, "grad_fn", None) for a in functional_args]
             outputs = list(flat_fn(*functional_args))
             input_info = [
-                _input_info(f_arg, arg, is_training, keep_inference_input_mutations)
-                for f_arg, arg in zip(functional_args, fake_args)
+                _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
+                for f_arg, arg, grad_fn_before in zip(functional_args, fake_args, grad_fns_before)
             ]
             output_info, bases = _output_info(outputs, functional_args, storages)
             meta = ViewAndMutationMeta(
@@ -66,13 +67,18 @@ def collect_metadata(
     return meta, graph_output_fakes
 
 
-def _input_info(f_arg, arg, is_training: bool, keep_mutations: bool) -> InputInfo:
+def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: bool) -> InputInfo:
     if not isinstance(arg, torch.Tensor):
         return InputInfo(is_tensor=False)
     mutates_data = has_data_mutation(f_arg)
     mutates_metadata = has_metadata_mutation(f_arg, arg)
     under_no_grad = mutates_data and mutations_under_no_grad(f_arg)
-    hidden = mutates_data and mutations_hidden_from_autograd(f_arg)
+    # A mutation autograd saw gives the tensor a new grad_fn; one through .detach() (or
+    # under no_grad) leaves it as it was, and the write-back must not record one either.
+    hidden = mutates_data and (
+        mutations_hidden_from_autograd(f_arg)
+        or (not mutates_metadata and f_arg.grad_fn is grad_fn_before)
+    )
     keep = (
         keep_mutations
         and not is_training

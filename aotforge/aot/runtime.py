@@ -40,8 +40,8 @@ class Epilogue:
             _write_back(args[index], updated, info)
         for index, info in self.metadata_mutated:
             if not info.mutation_returned_by_graph:
-                with torch.no_grad():  # metadata changes never carry gradients
-                    args[index].as_strided_(*info.layout_after.evaluate(bindings))
+                # Under grad mode autograd records the in-place view, as it did for eager's t_().
+                args[index].as_strided_(*info.layout_after.evaluate(bindings))
         fresh = graph_outputs[num_mutated : num_mutated + self.num_fresh]
         if self.only_fresh_outputs:
             return list(fresh)
@@ -65,9 +65,9 @@ class Epilogue:
 
 def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
     """Copy an updated value into the input the user passed, as eager's mutation would."""
-    if info.mutations_hidden_from_autograd:
+    if info.mutations_hidden_from_autograd or info.mutations_under_no_grad:
         original.detach().copy_(updated)
-    elif info.mutations_under_no_grad or not torch.is_grad_enabled():
+    elif not torch.is_grad_enabled():
         with torch.no_grad():
             original.copy_(updated)
     else:
@@ -122,6 +122,7 @@ def make_training_runtime(
     fake_args: Sequence,
     num_saved_tensors: int,
     num_saved_symints: int,
+    clone_saved: Sequence[int] = (),
 ) -> Callable:
     """``run(args) -> user outputs`` through a custom autograd.Function whose backward
     compiles the backward graph the first time it runs."""
@@ -138,6 +139,8 @@ def make_training_runtime(
             results = call_compiled(compiled_forward, list(args))
             outputs = results[:num_outputs]
             saved = results[num_outputs : num_outputs + num_saved_tensors]
+            for position in clone_saved:
+                saved[position] = saved[position].clone()
             ctx.save_for_backward(*saved)
             ctx.symints = results[num_outputs + num_saved_tensors :]
             ctx.mark_non_differentiable(

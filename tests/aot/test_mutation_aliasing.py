@@ -1,0 +1,166 @@
+"""Eager semantics under mutation and aliasing: one table entry per case, each run through
+``verify`` for training, inference, and inference with mutations kept in the graph."""
+import pytest
+import torch
+
+from aotforge.testing import Inputs, verify
+
+D = torch.float64
+
+
+def leaf(*shape):
+    return torch.randn(*shape, dtype=D, requires_grad=True)
+
+
+def plain(*shape):
+    return torch.randn(*shape, dtype=D)
+
+
+def nonleaf(*shape):
+    """A non-leaf input derived from a leaf (its gradient reaches the leaf)."""
+    base = leaf(*shape)
+    return Inputs((base * 1.0,), leaves=[base])
+
+
+def nonleafs(*shapes):
+    bases = [leaf(*s) for s in shapes]
+    return Inputs(tuple(b * 1.0 for b in bases), leaves=bases)
+
+
+def _with_no_grad_add(x):
+    with torch.no_grad():
+        x.add_(1)
+    return x * 2
+
+
+def _detach_mul(x):
+    x.detach().mul_(2)
+    return x.sin()
+
+
+def _view_of_larger():
+    base = leaf(6, 4)
+    big = base * 1.0
+    return Inputs((big[1:4],), leaves=[base])
+
+
+def _mutate_noncontiguous():
+    base = leaf(4, 5)
+    return Inputs(((base * 1.0).t(),), leaves=[base])
+
+
+def _overlapping_slices():
+    base = leaf(10)
+    big = base * 1.0
+    return Inputs((big[0:6], big[4:10]), leaves=[base])
+
+
+def _aliases_out_of_order():
+    base = leaf(8)
+    big = base * 1.0
+    other = leaf(3)
+    return Inputs((big[4:], other, big[:4]), leaves=[base])
+
+
+def _alias_and_view():
+    base = leaf(3, 4)
+    a = base * 1.0
+    return Inputs((a, a.view(-1)), leaves=[base])
+
+
+def _same_tensor_twice():
+    base = leaf(5)
+    x = base * 1.0
+    return Inputs((x, x), leaves=[base])
+
+
+def _noleaf_same_twice():
+    x = plain(5)
+    return (x, x)
+
+
+def _intermediate_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+    return y.view(-1), x + 1
+
+
+def _buffer_from_grad_value(buf, w):
+    buf.copy_(w * 2)
+    return buf + 1
+
+
+def _scatter_into_input(x, idx, src):
+    x.index_add_(0, idx, src)
+    return x.sum(0)
+
+
+CASES = {
+    # --- input data mutations ------------------------------------------------------------
+    "mutate_one_input": (lambda x: (x.mul_(2), )[0] + 1, lambda: nonleaf(4)),
+    "mutate_two_inputs": (lambda x, y: (x.add_(1), y.mul_(3), x * y)[-1], lambda: nonleafs((3,), (3,))),
+    "mutate_and_return_input": (lambda x: x.mul_(2), lambda: nonleaf(4)),
+    "mutate_then_return_views": (lambda x: (x.mul_(2), x.view(-1), x[0])[1:], lambda: nonleaf(2, 3)),
+    "mutate_under_no_grad": (_with_no_grad_add, lambda: (leaf(4),)),
+    "mutate_through_detach": (_detach_mul, lambda: (leaf(4),)),
+    "mutate_noncontiguous_input": (lambda x: (x.mul_(2), x.sum())[1], _mutate_noncontiguous),
+    "mutate_view_of_unseen_base": (lambda x: (x.add_(1), x * 2)[1], _view_of_larger),
+    "mutate_input_without_grad": (lambda x, y: (x.add_(y), y * 2)[1], lambda: (plain(4), leaf(4))),
+    "mutate_with_grad_value": (_buffer_from_grad_value, lambda: (plain(3), leaf(3))),
+    "mutate_integer_input": (lambda x, n: (n.add_(1), x * 2)[1], lambda: (leaf(3), torch.tensor([1, 2, 3]))),
+    "mutate_index_add": (_scatter_into_input, lambda: (plain(5, 2), torch.tensor([0, 2, 2]), leaf(3, 2))),
+    "mutate_leaf_requiring_grad_is_rejected": (lambda x: x.mul_(2), lambda: (leaf(3),)),
+    "mutate_twice": (lambda x: (x.mul_(2), x.add_(1), x.sum())[-1], lambda: nonleaf(3)),
+    "zero_and_fill": (lambda x, y: (x.zero_(), y.fill_(3.0), x + y)[-1], lambda: (plain(3), plain(3))),
+    # --- input metadata mutations ------------------------------------------------------------
+    "t_": (lambda x: (x.t_(), x * 2)[1], lambda: nonleaf(2, 3)),
+    "transpose_": (lambda x: (x.transpose_(0, 1), x + 1)[1], lambda: nonleaf(2, 3, 4)),
+    "unsqueeze_": (lambda x: (x.unsqueeze_(0), x * 3)[1], lambda: nonleaf(4)),
+    "squeeze_": (lambda x: (x.squeeze_(), x.exp())[1], lambda: nonleaf(1, 4)),
+    "as_strided_": (lambda x, w: (x.as_strided_((2, 2), (1, 2)), x * w)[1], lambda: (plain(4), leaf(2, 2))),
+    "metadata_and_data": (lambda x: (x.t_(), x.mul_(2), x.sum())[-1], lambda: nonleaf(2, 3)),
+    "view_of_metadata_mutated": (lambda x: (x.unsqueeze_(0), x[0])[1], lambda: nonleaf(3)),
+    "return_metadata_mutated": (lambda x: (x.t_(), x)[1], lambda: nonleaf(2, 3)),
+    "metadata_mutation_plain": (lambda x: (x.t_(), x * 2)[1], lambda: (plain(2, 3),)),
+    # --- outputs aliasing inputs -----------------------------------------------------------------
+    "return_view": (lambda x: x.view(-1), lambda: nonleaf(2, 3)),
+    "return_t": (lambda x: x.t(), lambda: nonleaf(2, 3)),
+    "return_slice": (lambda x: x[1:], lambda: nonleaf(4, 2)),
+    "return_unbind": (lambda x: x.unbind(0), lambda: nonleaf(3, 2)),
+    "return_split": (lambda x: x.split(2), lambda: nonleaf(5)),
+    "return_input": (lambda x: x, lambda: nonleaf(3)),
+    "return_input_and_result": (lambda x, y: (x, x * y, y.t()), lambda: (leaf(2, 2), plain(2, 2))),
+    "return_leaf_view": (lambda x: x[0], lambda: (leaf(3, 2),)),
+    "return_detached_view": (lambda x: (x.detach()[1:], x * 2), lambda: (leaf(4),)),
+    "return_view_of_plain_input": (lambda x, w: (x.view(2, 2), x.sum() * w), lambda: (plain(4), leaf(1))),
+    # --- outputs aliasing intermediates -----------------------------------------------------------
+    "intermediate_view": (lambda x: (x * 2).view(-1), lambda: nonleaf(2, 3)),
+    "several_views_of_intermediate": (lambda x: (lambda y: (y[0], y[1:], y.t()))(x * 2), lambda: nonleaf(3, 2)),
+    "intermediate_and_its_view": (lambda x: (lambda y: (y, y.view(-1)))(x.sin()), lambda: nonleaf(2, 2)),
+    "view_then_intermediate": (lambda x: (lambda y: (y.view(-1), y))(x.sin()), lambda: nonleaf(2, 2)),
+    "intermediate_under_no_grad": (_intermediate_no_grad, lambda: nonleaf(2, 3)),
+    "unbind_intermediate": (lambda x: (x + 1).unbind(1), lambda: nonleaf(2, 3)),
+    "split_intermediate": (lambda x: (x * 3).split(2), lambda: nonleaf(5)),
+    "chunk_intermediate": (lambda x: (x.exp()).chunk(2, dim=1), lambda: nonleaf(2, 4)),
+    "intermediate_view_int": (lambda x: ((x > 0).long() + 1).view(-1), lambda: nonleaf(2, 3)),
+    "views_of_two_intermediates": (lambda x: ((x * 2).t(), (x + 1)[0]), lambda: nonleaf(2, 3)),
+    # --- duplicated inputs -------------------------------------------------------------------------
+    "duplicate_inputs": (lambda a, b: a * b + a, _same_tensor_twice),
+    "duplicate_leaf_inputs": (lambda a, b: (a * b).sum(), lambda: (lambda x: (x, x))(leaf(4))),
+    "duplicates_returned": (lambda a, b: (a, b, a + b), _same_tensor_twice),
+    "mutation_through_duplicate": (lambda a, b: (a.mul_(2), a + b)[1], _same_tensor_twice),
+    "mutation_through_duplicate_plain": (lambda a, b: (b.add_(1), a * 2)[1], _noleaf_same_twice),
+    # --- mutated inputs that alias other inputs (synthetic bases) -----------------------------------
+    "alias_and_view_mutated": (lambda a, b: (a.mul_(2), b * 1)[1], _alias_and_view),
+    "view_mutated_base_read": (lambda a, b: (b.add_(1), a.sum(1))[1], _alias_and_view),
+    "overlapping_slices": (lambda x, y: (x.add_(1), y * 2)[1], _overlapping_slices),
+    "aliases_out_of_order": (lambda a, o, b: (b.mul_(3), a + 1, o * 2)[1:], _aliases_out_of_order),
+    "alias_metadata_mutation": (lambda a, b: (b.unsqueeze_(0), a.mul_(2), b * 1)[-1], _alias_and_view),
+    "plain_overlapping_slices": (lambda x, y: (y.mul_(2), x + y[:2])[1], lambda: (lambda b: (b[0:4], b[2:6]))(plain(6))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case(name):
+    fn, make = CASES[name]
+    verify(fn, make)
