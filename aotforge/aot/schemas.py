@@ -55,14 +55,14 @@ class StridedLayout:
 def _to_expr(value) -> Any:
     if isinstance(value, torch.SymInt):
         expr = value.node.expr
-        return int(expr) if expr.is_number else expr
+        return int(expr) if isinstance(expr, int) or expr.is_number else expr
     return int(value)
 
 
 def _evaluate(value, bindings: dict) -> int:
     if isinstance(value, int):
         return value
-    result = value.xreplace(bindings)
+    result = sympy.sympify(value.xreplace(bindings))
     if not result.is_number:
         raise RuntimeError(
             f"aotforge: cannot evaluate the symbolic size {value} for this call "

@@ -164,3 +164,91 @@ CASES = {
 def test_case(name):
     fn, make = CASES[name]
     verify(fn, make)
+
+
+def _dynamo_compile(fn, mode):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aotforge_eager", fullgraph=False, dynamic=False)
+
+
+# Cases Dynamo itself rewrites before aotforge sees them (or rejects differently) are left out.
+DYNAMO_CASES = sorted(
+    set(CASES) - {"mutate_leaf_requiring_grad_is_rejected", "as_strided_"}
+)
+
+
+@pytest.mark.parametrize("name", DYNAMO_CASES)
+def test_case_through_torch_compile(name):
+    fn, make = CASES[name]
+    verify(fn, make, compile=_dynamo_compile, check_output_strides=True)
+
+
+class BufferMutator(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4).double()
+        self.norm = torch.nn.BatchNorm1d(4).double()
+        self.register_buffer("calls", torch.zeros((), dtype=D))
+        self.register_buffer("total", torch.zeros(4, dtype=D))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        y = self.norm(self.linear(x))
+        with torch.no_grad():
+            self.total.add_(y.sum(0))
+        return y.relu()
+
+
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_aot_module_buffer_mutation(train_mode):
+    from aotforge import aot_module, nop
+
+    torch.manual_seed(0)
+    model = BufferMutator().train(train_mode)
+    reference = BufferMutator().train(train_mode)
+    reference.load_state_dict(model.state_dict())
+    compiled = aot_module(model, nop, nop)
+    for step in range(3):
+        x = torch.randn(6, 4, dtype=D)
+        out, expected = compiled(x), reference(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+            torch.testing.assert_close(a, b, msg=lambda m: f"step {step}, {name}: {m}")
+        for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"step {step}, {name}.grad: {m}")
+
+
+def test_kept_inference_mutation_is_a_copy_in_the_graph():
+    from aotforge import aot_function
+
+    graphs = []
+
+    def compiler(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    fn = aot_function(lambda x: (x.mul_(2), x + 1)[1], compiler, keep_inference_input_mutations=True)
+    x = plain(3)
+    expected = x * 2
+    with torch.no_grad():
+        fn(x)
+    torch.testing.assert_close(x, expected)
+    copies = [n for n in graphs[0].graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert len(copies) == 1 and copies[0].args[0].op == "placeholder"
+    outputs = graphs[0].graph.find_nodes(op="output")[0].args[0]
+    assert len(outputs) == 1  # the updated value is not returned: the graph wrote it
+
+
+def test_dynamic_shapes_with_mutation_and_aliasing():
+    from aotforge import aot_function, nop
+
+    def f(x, y):
+        x.add_(1)
+        return x.view(-1), (y * 2).t(), y[1:]
+
+    fn = aot_function(f, nop, nop, dynamic=True)
+    for rows in (3, 5):
+        verify(f, lambda: (plain(rows, 2), nonleaf(rows, 2).args[0]), compile=lambda _f, _m: fn, modes=("train",))
+    assert len(fn._aotforge_cache) == 1
