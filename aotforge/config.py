@@ -37,6 +37,9 @@ class Config:
     autotune: bool = True
     # Capture compiled GPU graphs with CUDA graphs.
     cudagraphs: bool = False
+    # Reductions over at most this many elements per row keep the whole row in registers
+    # (one pass over memory); longer rows loop over it in blocks.
+    persistent_reduction_limit: int = 4096
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager[None]:
         """Set fields for the duration of a ``with`` block; restore them after."""

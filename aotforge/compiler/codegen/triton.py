@@ -1,0 +1,406 @@
+"""Triton code generation for one fused kernel (a ``KernelGroup``).
+
+Three shapes of kernel:
+
+* pointwise: one program handles ``XBLOCK`` elements (``xindex``);
+* persistent reduction: ``XBLOCK`` rows, each row's ``rnumel`` elements in registers at
+  once (``rindex = tl.arange(0, RBLOCK)``); every reduction of the kernel, and every
+  elementwise epilogue, works on those registers, so a row is read from memory once;
+* looped reduction: rows too long for registers are walked in ``RBLOCK`` chunks; a value
+  that needs a finished reduction starts a new loop (values from an earlier loop are
+  recomputed, never reloaded).
+
+Values are computed in float32 for half types (loads upcast, stores downcast). Everything a
+body computes goes through ``ops``, which this handler turns into one line per value, with
+common subexpressions shared.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Optional
+
+import sympy
+import torch
+
+from ...config import config
+from ..indexing import RINDEX, XINDEX, node_indices, simplify_index, store_index
+from ..ir import FloorDiv, ModularIndexing, ReductionBody
+from ..ops import use_handler
+from ..scheduler import KernelGroup
+from .triton_ops import ARITHMETIC, HELPERS, PREDICATES, TRITON_DTYPE, spell
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass
+class Var:
+    name: str
+    dtype: torch.dtype  # dtype as held in registers (half types are held as float32)
+    level: int  # 0: same for every element, 1: varies with xindex only, 2: varies with rindex
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass
+class KernelSource:
+    name: str
+    source: str  # the body of one @triton.jit function
+    arguments: list[str]  # buffer names, in parameter order
+    numel: int
+    rnumel: int
+    kind: str  # pointwise | persistent | looped
+    mutates: bool
+    reduction_contiguous: bool  # the reduced axis is the fastest-moving in memory
+
+
+def held_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def texpr(expr: sympy.Expr) -> str:
+    """Print an index expression as Triton code."""
+    if isinstance(expr, sympy.Symbol):
+        return expr.name
+    if isinstance(expr, sympy.Integer):
+        return str(int(expr))
+    if isinstance(expr, FloorDiv):
+        return f"({texpr(expr.args[0])} // {texpr(expr.args[1])})"
+    if isinstance(expr, ModularIndexing):
+        base, divisor, modulus = expr.args
+        inner = texpr(base) if divisor == 1 else f"({texpr(base)} // {texpr(divisor)})"
+        return f"({inner} % {texpr(modulus)})"
+    if isinstance(expr, sympy.Add):
+        return " + ".join(texpr(a) for a in sorted(expr.args, key=str))
+    if isinstance(expr, sympy.Mul):
+        return "*".join(texpr(a) if not isinstance(a, sympy.Add) else f"({texpr(a)})" for a in expr.args)
+    raise NotImplementedError(f"cannot print index expression {expr!r} ({type(expr).__name__})")
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        if value != value:
+            return "float('nan')"
+        if value in (float("inf"), float("-inf")):
+            return "float('inf')" if value > 0 else "float('-inf')"
+        return repr(value)
+    return repr(int(value))
+
+
+REDUCTION_IDENTITY = {"sum": 0, "prod": 1, "max": "low", "min": "high", "argmax": "low", "argmin": "high"}
+
+
+class TritonKernel:
+    """Generates the source of one kernel; the object is also the ``ops`` handler."""
+
+    def __init__(self, group: KernelGroup, stored: set[str], buffer_numels: dict[str, int]):
+        self.group = group
+        self.stored = stored
+        self.numel, self.rnumel = group.numel, group.rnumel
+        self.is_reduction = group.rnumel > 1
+        self.persistent = self.is_reduction and group.rnumel <= config.persistent_reduction_limit
+        self.members = {n.name: n for n in group.nodes if n.mutates is None}
+        self.arguments: dict[str, str] = {}
+        self.top: list[str] = []
+        self.loop: Optional[list[str]] = None
+        self.loop_prelude: list[str] = []
+        self.loop_after: list[str] = []
+        self.open_reductions: set[str] = set()
+        self.cache_top: dict[str, Var] = {}
+        self.cache_loop: dict[str, Var] = {}
+        self.values_top: dict[tuple[str, str], Var] = {}
+        self.values_loop: dict[tuple[str, str], Var] = {}
+        self.symbol_levels: dict[str, int] = {}
+        self.masks: list[Var] = []
+        self.names = (f"tmp{i}" for i in itertools.count())
+        limit = max([self.numel * self.rnumel] + [buffer_numels.get(n.name, 0) for n in group.nodes]
+                    + list(buffer_numels.values()))
+        self.int64 = limit > INT32_MAX
+
+    # --- emitting lines -----------------------------------------------------------------
+
+    def _emit(self, expression: str, dtype: torch.dtype, level: int) -> Var:
+        in_loop = self.loop is not None and level == 2
+        cache = self.cache_loop if in_loop else self.cache_top
+        if expression in self.cache_top:
+            return self.cache_top[expression]
+        if expression in cache:
+            return cache[expression]
+        var = Var(next(self.names), dtype, level)
+        (self.loop if in_loop else self.top).append(f"{var.name} = {expression}")
+        cache[expression] = var
+        return var
+
+    def _level_of_index(self, index: sympy.Expr) -> int:
+        level = 0
+        for symbol in index.free_symbols:
+            if symbol == RINDEX:
+                level = 2
+            elif symbol == XINDEX:
+                level = max(level, 1)
+            else:
+                level = max(level, self.symbol_levels.get(symbol.name, 2))
+        return level
+
+    def _mask(self, level: int) -> Optional[str]:
+        parts = {0: [], 1: ["xmask"], 2: ["xmask", "rmask"]}[level] if self.is_reduction else (["xmask"] if level else [])
+        parts = parts + [m.name for m in self.masks]
+        return " & ".join(parts) if parts else None
+
+    def _argument(self, name: str) -> str:
+        return self.arguments.setdefault(name, name)
+
+    def _shape(self, level: int) -> str:
+        if not self.is_reduction:
+            return "[XBLOCK]"
+        return "[XBLOCK, RBLOCK]" if level == 2 else "[XBLOCK, 1]"
+
+    # --- the ops handler ------------------------------------------------------------------
+
+    def load(self, name: str, index: sympy.Expr) -> Var:
+        index = simplify_index(index)
+        key = (name, str(index))
+        if key in self.values_top:
+            return self.values_top[key]
+        if self.loop is not None and key in self.values_loop:
+            return self.values_loop[key]
+        if name in self.members:
+            return self._recompute(self.members[name], index)
+        buffer_dtype = self.buffer_dtypes[name]
+        level = max([self._level_of_index(index)] + [m.level for m in self.masks])
+        mask = self._mask(level if level else 0)
+        pointer = f"{self._argument(name)} + ({texpr(index)})"
+        text = f"tl.load({pointer}, {mask}, other=0)" if mask else f"tl.load({pointer})"
+        if held_dtype(buffer_dtype) != buffer_dtype:
+            text += ".to(tl.float32)"
+        return self._emit(text, held_dtype(buffer_dtype), level)
+
+    def _recompute(self, buffer, index: sympy.Expr) -> Var:
+        if isinstance(buffer.body, ReductionBody):
+            raise AssertionError(f"reduction {buffer.name} read before it was computed")
+        indices, _ = node_indices(buffer, self.numel, self.rnumel)
+        return buffer.body.fn(indices)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> Var:
+        dtype = held_dtype(dtype)
+        if isinstance(value, float) and not dtype.is_floating_point and value == int(value):
+            value = int(value)
+        return self._emit(f"tl.full([], {_literal(value)}, {TRITON_DTYPE[dtype]})", dtype, 0)
+
+    def to_dtype(self, value: Var, dtype: torch.dtype, source: Optional[torch.dtype] = None) -> Var:
+        if dtype == torch.bool:
+            return self._emit(f"({value} != 0)", torch.bool, value.level)
+        if dtype in (torch.float16, torch.bfloat16):
+            return self._emit(f"{value}.to({TRITON_DTYPE[dtype]}).to(tl.float32)", torch.float32, value.level)
+        if held_dtype(dtype) == value.dtype:
+            return value
+        return self._emit(f"{value}.to({TRITON_DTYPE[dtype]})", dtype, value.level)
+
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> Var:
+        expr = simplify_index(sympy.sympify(expr))
+        level = self._level_of_index(expr)
+        if level == 0:
+            return self.constant(int(expr), dtype)
+        return self._emit(f"({texpr(expr)}).to({TRITON_DTYPE[dtype]})", dtype, level)
+
+    def indirect_indexing(self, value: Var, size: Any, check: bool = True) -> sympy.Symbol:
+        var = self._emit(f"tl.where({value} < 0, {value} + {int(size)}, {value})", value.dtype, value.level)
+        self.symbol_levels[var.name] = var.level
+        return sympy.Symbol(var.name, integer=True)
+
+    def masked(self, mask: Var, body, other: Any) -> Var:
+        self.masks.append(mask)
+        try:
+            result = body()
+        finally:
+            self.masks.pop()
+        other_var = self.constant(other, result.dtype)
+        return self.where(mask, result, other_var)
+
+    def where(self, condition: Var, a: Var, b: Var) -> Var:
+        return self._emit(f"tl.where({condition}, {a}, {b})", a.dtype, max(condition.level, a.level, b.level))
+
+    def __getattr__(self, name: str):
+        if name in ARITHMETIC:
+            entry, boolean = ARITHMETIC[name], False
+        elif name in PREDICATES:
+            entry, boolean = PREDICATES[name], True
+        else:
+            raise AttributeError(f"the Triton code generator has no instruction {name!r}")
+
+        def op(*args: Var) -> Var:
+            dtype = args[0].dtype
+            text = spell(entry, [str(a) for a in args], dtype)
+            return self._emit(f"({text})", torch.bool if boolean else dtype, max(a.level for a in args))
+        return op
+
+    # --- reductions -----------------------------------------------------------------------
+
+    def _identity(self, reduction_type: str, dtype: torch.dtype) -> Var:
+        identity = REDUCTION_IDENTITY[reduction_type]
+        if identity in ("low", "high"):
+            if dtype.is_floating_point:
+                identity = float("-inf") if identity == "low" else float("inf")
+            elif dtype == torch.bool:
+                identity = 0 if identity == "low" else 1
+            else:
+                info = torch.iinfo(dtype)
+                identity = info.min if identity == "low" else info.max
+        return self.constant(identity, dtype)
+
+    def _reduce(self, buffer, value: Var) -> Var:
+        kind = buffer.body.reduction_type
+        dtype = value.dtype
+        mask = "xmask & rmask"
+        if value.level < 2:
+            value = self._emit(f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])", dtype, 2)
+        identity = self._identity(kind, dtype)
+        final = Var(next(self.names), dtype if not kind.startswith("arg") else torch.int64, 1)
+        index_bound = self.rnumel
+        if self.persistent:
+            masked = self._emit(f"tl.where({mask}, {value}, {identity})", dtype, 2)
+            self.top.extend(self._finish(kind, masked.name, final.name, "rindex", index_bound, masked_source=masked.name))
+            self.cache_top[f"reduction:{buffer.name}"] = final
+            return final
+        accumulator = f"acc_{buffer.name}"
+        self.loop_prelude.append(f"{accumulator} = tl.full([XBLOCK, RBLOCK], {identity}, {TRITON_DTYPE[dtype]})")
+        if kind.startswith("arg"):
+            self.loop_prelude.append(f"{accumulator}_index = tl.full([XBLOCK, RBLOCK], {index_bound}, tl.int64)")
+            better = ">" if kind == "argmax" else "<"
+            self.loop.append(f"better_{buffer.name} = ({value} {better} {accumulator}) & {mask}")
+            self.loop.append(f"{accumulator}_index = tl.where(better_{buffer.name}, rindex, {accumulator}_index)")
+            self.loop.append(f"{accumulator} = tl.where(better_{buffer.name}, {value}, {accumulator})")
+        else:
+            combine = {"sum": "{a} + {v}", "prod": "{a} * {v}",
+                       "max": "tl.maximum({a}, {v})", "min": "tl.minimum({a}, {v})"}[kind]
+            self.loop.append(f"{accumulator} = tl.where({mask}, {combine.format(a=accumulator, v=value)}, {accumulator})")
+        self.loop_after.extend(self._finish(kind, accumulator, final.name, f"{accumulator}_index", index_bound))
+        self.open_reductions.add(buffer.name)
+        return final
+
+    @staticmethod
+    def _finish(kind: str, values: str, result: str, indices: str, bound: int, masked_source: str = "") -> list[str]:
+        if kind == "sum":
+            return [f"{result} = tl.sum({values}, 1)[:, None]"]
+        if kind == "prod":
+            return [f"{result} = tl.reduce({values}, 1, _product)[:, None]"]
+        if kind in ("max", "min"):
+            return [f"{result} = tl.{kind}({values}, 1)[:, None]"]
+        best = "max" if kind == "argmax" else "min"
+        positions = f"tl.broadcast_to({indices}, [XBLOCK, RBLOCK])"
+        return [f"{result}_best = tl.{best}({values}, 1)[:, None]",
+                f"{result} = tl.min(tl.where({values} == {result}_best, {positions}, {bound}), 1)[:, None].to(tl.int64)"]
+
+    # --- nodes and loops ----------------------------------------------------------------------
+
+    def _open_loop(self) -> None:
+        self.loop, self.cache_loop, self.values_loop = [], {}, {}
+        self.loop_prelude, self.loop_after = [], []
+
+    def _close_loop(self) -> None:
+        if self.loop is None:
+            return
+        self.top.extend(self.loop_prelude)
+        self.top.append("for roffset in range(0, rnumel, RBLOCK):")
+        body = ["rindex = roffset + rbase", "rmask = rindex < rnumel"] + self.loop
+        self.top.extend("    " + line for line in body)
+        self.top.extend(self.loop_after)
+        self.loop = None
+        self.open_reductions.clear()
+        self.cache_loop, self.values_loop = {}, {}
+
+    def _codegen_node(self, buffer, reads: set[str]) -> None:
+        is_reduction = isinstance(buffer.body, ReductionBody)
+        indices = node_indices(buffer, self.numel, self.rnumel)
+        per_element = not is_reduction and any(RINDEX in i.free_symbols for i in indices[0])
+        if not self.persistent and self.is_reduction:
+            if reads & self.open_reductions:
+                self._close_loop()
+            if (is_reduction or per_element) and self.loop is None:
+                self._open_loop()
+        if is_reduction:
+            value = self._reduce(buffer, buffer.body.fn(*indices))
+        else:
+            value = buffer.body.fn(indices[0])
+        index = store_index(buffer, indices[0])
+        key = (buffer.name, str(index))
+        if is_reduction and not self.persistent:
+            self.values_top[key] = value
+        elif value.level == 2 and self.loop is not None:
+            self.values_loop[key] = value
+        else:
+            self.values_top[key] = value
+        if buffer.name in self.stored or buffer.mutates is not None:
+            self._store(buffer, index, value, level=2 if per_element else 1, after_loop=is_reduction and not self.persistent)
+
+    def _store(self, buffer, index, value: Var, level: int, after_loop: bool) -> None:
+        target = buffer.dtype
+        text = value.name
+        if target == torch.bool and value.dtype != torch.bool:
+            text = f"({text} != 0)"
+        elif held_dtype(target) != value.dtype or target != held_dtype(target):
+            text = f"{text}.to({TRITON_DTYPE[target]})"
+        if value.level < level or (not self.is_reduction and value.level == 0):
+            text = f"tl.broadcast_to({text}, {self._shape(level)})"
+        mask = self._mask(level) or "None"
+        pointer = texpr(index)
+        if self._level_of_index(index) < level:  # one address for a block of values: make it a block
+            pointer = f"{pointer} + tl.zeros({self._shape(level)}, tl.int32)"
+        line = f"tl.store({self._argument(buffer.name)} + ({pointer}), {text}, {mask})"
+        if after_loop:
+            self.loop_after.append(line)
+        elif level == 2 and self.loop is not None:
+            self.loop.append(line)
+        else:
+            self.top.append(line)
+
+    def generate(self, buffer_dtypes: dict[str, torch.dtype], reads: dict[str, set[str]]) -> KernelSource:
+        self.buffer_dtypes = buffer_dtypes
+        with use_handler(self):
+            for buffer in self.group.nodes:
+                self._codegen_node(buffer, reads.get(buffer.name, set()))
+        self._close_loop()
+        name = self.group.name
+        header = [f"def {name}({', '.join(list(self.arguments) + ['xnumel'] + (['rnumel'] if self.is_reduction else []))}, "
+                  f"XBLOCK: tl.constexpr{', RBLOCK: tl.constexpr' if self.is_reduction else ''}):"]
+        offset = "tl.program_id(0).to(tl.int64) * XBLOCK" if self.int64 else "tl.program_id(0) * XBLOCK"
+        prologue = [f"xoffset = {offset}"]
+        if self.is_reduction:
+            prologue += ["xindex = xoffset + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
+                         "rbase = tl.arange(0, RBLOCK)[None, :]"]
+            if self.int64:
+                prologue[-1] = "rbase = tl.arange(0, RBLOCK)[None, :].to(tl.int64)"
+            if self.persistent:
+                prologue += ["rindex = rbase", "rmask = rindex < rnumel"]
+        else:
+            prologue += ["xindex = xoffset + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
+        body = header + ["    " + line for line in prologue + self.top]
+        kind = "pointwise" if not self.is_reduction else ("persistent" if self.persistent else "looped")
+        return KernelSource(name, "\n".join(body), list(self.arguments), self.numel, self.rnumel, kind,
+                            any(n.mutates is not None for n in self.group.nodes), self._reduction_contiguous())
+
+    def _reduction_contiguous(self) -> bool:
+        for buffer in self.group.nodes:
+            if isinstance(buffer.body, ReductionBody):
+                stride = _rindex_coefficient(buffer, self.numel, self.rnumel)
+                return stride in (None, 1)
+        return True
+
+
+def _rindex_coefficient(buffer, numel: int, rnumel: int) -> Optional[int]:
+    from ..scheduler import reads_in_kernel
+
+    for _, index in reads_in_kernel(buffer, numel, rnumel) or []:
+        coefficient = sympy.expand(index).coeff(RINDEX)
+        if coefficient.is_Integer and coefficient != 0:
+            return int(coefficient)
+    return None
+
+
+def module_prelude(interpret: bool) -> str:
+    libdevice = ("from aotforge.compiler.runtime.interpret_math import libdevice" if interpret
+                 else "from triton.language.extra import libdevice")
+    return f"import triton\nimport triton.language as tl\n{libdevice}\n\n{HELPERS}\n"

@@ -1,0 +1,52 @@
+"""The decomposition table the compiler traces with: core ATen plus the composite ops the
+loop IR fuses best when they are spelled out (softmax, norms, activations and their
+backwards). Matmul, convolution and attention stay whole: they run as ATen externs."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+# decomposed on top of core ATen, so the scheduler sees their reductions and pointwise math
+EXTRA_DECOMPOSITIONS = [
+    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+    "native_layer_norm", "native_layer_norm_backward",
+    "native_batch_norm", "_native_batch_norm_legit_functional", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training", "native_batch_norm_backward",
+    "native_group_norm", "native_group_norm_backward",
+    "gelu", "gelu_backward", "silu", "silu_backward", "sigmoid_backward",
+    "tanh_backward", "threshold_backward", "hardtanh", "hardtanh_backward",
+    "leaky_relu", "leaky_relu_backward", "elu", "elu_backward", "mish",
+    "hardsigmoid", "hardswish", "softplus", "softplus_backward", "log_sigmoid_forward",
+    "mse_loss", "mse_loss_backward", "nll_loss_forward", "nll_loss_backward",
+    "std", "std_mean", "addcmul", "addcdiv", "rms_norm", "_fused_rms_norm",
+    "embedding_dense_backward", "linalg_vector_norm", "native_dropout_backward",
+]  # by name: not every op exists in every supported torch version
+
+# kept whole: their ATen kernels (cuBLAS, cuDNN, flash attention) beat anything generated
+KEEP_WHOLE = [aten.addmm, aten.mm, aten.bmm, aten.convolution, aten.convolution_backward,
+              aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
+              aten.var_mean]
+
+
+@functools.lru_cache(None)
+def _table() -> dict:
+    table = dict(core_aten_decompositions())
+    extras = [getattr(aten, name) for name in EXTRA_DECOMPOSITIONS if hasattr(aten, name)]
+    table.update(get_decompositions(extras))
+    for packet in KEEP_WHOLE:
+        for overload in packet.overloads():
+            table.pop(getattr(packet, overload), None)
+    return table
+
+
+def select_decomposition_table(extra: dict[Any, Callable] | None = None) -> dict[Any, Callable]:
+    """The compiler's table; ``extra`` (a caller's decompositions) takes precedence."""
+    table = dict(_table())
+    if extra:
+        table.update(extra)
+    return table

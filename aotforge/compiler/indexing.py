@@ -1,0 +1,101 @@
+"""Index arithmetic in kernel space: every buffer a kernel touches is addressed through the
+kernel's two iteration variables, ``xindex`` (over the kernel's outputs) and ``rindex`` (over
+the reduced elements of each output)::
+
+    f32[N, D] contiguous in a reduction kernel over (x=N, r=D):  index = rindex + D*xindex
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import sympy
+
+from .ir import FloorDiv, ModularIndexing, ReductionBody, product, strided_index
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+
+
+def split_flat(flat: sympy.Expr, size: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    """Per-dimension indices of ``flat`` in a contiguous tensor of ``size`` (``flat`` is known
+    to be in range, so the outermost dimension needs no modulo)."""
+    out: list[sympy.Expr] = []
+    divisor = sympy.Integer(1)
+    real = [d for d in range(len(size)) if size[d] != 1]
+    for d in reversed(range(len(size))):
+        if size[d] == 1:
+            out.append(sympy.Integer(0))
+            continue
+        if d == real[0]:
+            out.append(FloorDiv(flat, divisor))
+        else:
+            out.append(ModularIndexing(flat, divisor, size[d]))
+        divisor = divisor * size[d]
+    return list(reversed(out))
+
+
+def simplify_index(expr: sympy.Expr) -> sympy.Expr:
+    """Fold the pieces that ``split_flat`` produced back together where a contiguous access
+    recombines them: ``m*FloorDiv(a, d*m) + ModularIndexing(a, d, m) -> FloorDiv(a, d)`` and
+    ``m*ModularIndexing(a, d*m, M) + ModularIndexing(a, d, m) -> ModularIndexing(a, d, m*M)``."""
+    expr = sympy.expand(expr)
+    changed = True
+    while changed:
+        changed = False
+        terms = [t.as_coeff_Mul() for t in sympy.Add.make_args(expr)]
+        for i, (c_low, low) in enumerate(terms):
+            if not isinstance(low, ModularIndexing):
+                continue
+            base, divisor, modulus = low.args
+            for j, (c_high, high) in enumerate(terms):
+                if j == i or c_high != c_low * modulus:
+                    continue
+                if isinstance(high, FloorDiv) and high.args == (base, divisor * modulus):
+                    merged = c_low * FloorDiv(base, divisor)
+                elif isinstance(high, ModularIndexing) and high.args[:2] == (base, divisor * modulus):
+                    merged = c_low * ModularIndexing(base, divisor, modulus * high.args[2])
+                else:
+                    continue
+                rest = [c * t for k, (c, t) in enumerate(terms) if k not in (i, j)]
+                expr = sympy.expand(sympy.Add(*rest) + merged)
+                changed = True
+                break
+            if changed:
+                break
+    return expr
+
+
+def node_indices(buffer, numel: int, rnumel: int) -> Optional[tuple[list, list]]:
+    """(index, reduction index) of a computed buffer's body in a kernel over (numel, rnumel),
+    or None when the buffer's iteration space does not fit the kernel's."""
+    body = buffer.body
+    if isinstance(body, ReductionBody):
+        if int(product(body.ranges)) != numel or int(product(body.reduction_ranges)) != rnumel:
+            return None
+        return split_flat(XINDEX, body.ranges), split_flat(RINDEX, body.reduction_ranges)
+    ranges = body.ranges
+    total = int(product(ranges))
+    if rnumel == 1 or total == numel:
+        return (split_flat(XINDEX, ranges), []) if total == numel else None
+    if total != numel * rnumel:
+        return None
+    running = 1
+    for split in range(len(ranges) + 1):
+        if running == numel and int(product(ranges[split:])) == rnumel:
+            return split_flat(XINDEX, ranges[:split]) + split_flat(RINDEX, ranges[split:]), []
+        if split < len(ranges):
+            running *= int(ranges[split])
+    return None
+
+
+def store_index(buffer, index: Sequence[sympy.Expr]) -> sympy.Expr:
+    layout = buffer.layout
+    return simplify_index(strided_index(index, layout.stride, layout.offset))
+
+
+def is_per_element(buffer) -> bool:
+    """Pointwise buffers that vary along the reduction axis (vs. one value per output row)."""
+    return not isinstance(buffer.body, ReductionBody)
+
+
+_ = Optional

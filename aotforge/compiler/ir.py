@@ -1,0 +1,282 @@
+"""The loop-level IR: tensors as functions of a symbolic index.
+
+A value in this IR is one of
+
+* ``Pointwise(size, dtype, device, fn)``: lazy; ``fn(index)`` computes one element through
+  the ``ops`` handler (see ``ops.py``). Nothing is stored until it is *realized*.
+* ``StorageView(buffer, size, stride, offset)``: a strided window on a realized buffer.
+  Views (permute, expand, slice, unsqueeze, ...) are new index maps over the same storage,
+  never copies.
+
+Buffers are what the wrapper allocates: graph inputs, ``ComputedBuffer`` (a pointwise or
+reduction body that a Triton kernel computes), ``ExternBuffer`` (the output of an ATen call).
+
+Index expressions are sympy expressions over integer symbols. Two functions keep integer
+division readable and comparable: ``FloorDiv(a, b)`` and ``ModularIndexing(a, d, m)``
+(``(a // d) % m``)::
+
+    x: f32[4, 8] (contiguous), y = x.permute(1, 0)
+    y.make_loader()([i0, i1])  ->  ops.load("arg0", i0 + 8*i1)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+
+from .ops import ops
+
+Expr = sympy.Expr
+
+
+# --- integer index arithmetic -------------------------------------------------------------
+
+class FloorDiv(sympy.Function):
+    """``a // b`` for non-negative integer index expressions."""
+
+    is_integer = True
+    nargs = (2,)
+
+    @classmethod
+    def eval(cls, base, divisor):
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):  # (a // b) // c == a // (b*c)
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        # (c*k + r) // k == c + r // k when k divides every other coefficient
+        if base.is_Add and divisor.is_Integer:
+            whole, rest = [], []
+            for term in base.args:
+                coefficient = term.as_coeff_Mul()[0]
+                (whole if coefficient.is_Integer and int(coefficient) % int(divisor) == 0 else rest).append(term)
+            if whole:
+                return sympy.Add(*[t / divisor for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
+        if base.is_Mul and divisor.is_Integer:
+            coefficient, rest = base.as_coeff_Mul()
+            if coefficient.is_Integer and int(coefficient) % int(divisor) == 0:
+                return (coefficient / divisor) * rest
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """``(a // d) % m`` for non-negative integer index expressions."""
+
+    is_integer = True
+    nargs = (3,)
+
+    @classmethod
+    def eval(cls, base, divisor, modulus):
+        if modulus == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
+            return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        return None
+
+
+def sympify_size(values: Sequence[Any]) -> list[Expr]:
+    return [sympy.Integer(int(v)) if not isinstance(v, sympy.Expr) else v for v in values]
+
+
+def product(values: Sequence[Any]) -> Any:
+    return functools.reduce(lambda a, b: a * b, values, sympy.Integer(1))
+
+
+def contiguous_strides(size: Sequence[Any]) -> list[Expr]:
+    strides, running = [], sympy.Integer(1)
+    for dim in reversed(size):
+        strides.append(running)
+        running = running * dim
+    return list(reversed(strides))
+
+
+def strided_index(index: Sequence[Expr], stride: Sequence[Expr], offset: Expr = sympy.Integer(0)) -> Expr:
+    return offset + sum((i * s for i, s in zip(index, stride)), sympy.Integer(0))
+
+
+def unflatten_index(flat: Expr, size: Sequence[Expr]) -> list[Expr]:
+    """The multi-dimensional index of position ``flat`` in a contiguous tensor of ``size``."""
+    out, divisor = [], sympy.Integer(1)
+    for dim in reversed(size):
+        out.append(ModularIndexing(flat, divisor, dim) if dim != 1 else sympy.Integer(0))
+        divisor = divisor * dim
+    return list(reversed(out))
+
+
+def index_symbols(prefix: str, count: int) -> list[sympy.Symbol]:
+    return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(count)]
+
+
+# --- buffers -----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Layout:
+    size: list[Expr]
+    stride: list[Expr]
+    offset: Expr = sympy.Integer(0)
+
+    def storage_numel(self) -> int:
+        if any(int(s) == 0 for s in self.size):
+            return 0
+        return int(self.offset) + 1 + sum((int(n) - 1) * int(s) for n, s in zip(self.size, self.stride))
+
+
+class Buffer:
+    """Something the wrapper holds in a named variable."""
+
+    def __init__(self, name: str, layout: Layout, dtype: torch.dtype, device: torch.device):
+        self.name, self.layout, self.dtype, self.device = name, layout, dtype, device
+
+    def view(self) -> "StorageView":
+        return StorageView(self, self.layout.size, self.layout.stride, self.layout.offset)
+
+    def __repr__(self) -> str:
+        size = [int(s) for s in self.layout.size]
+        return f"{type(self).__name__}({self.name}, {self.dtype}, {size})"
+
+
+class InputBuffer(Buffer):
+    pass
+
+
+class ComputedBuffer(Buffer):
+    """A buffer whose elements a generated kernel computes from ``body``."""
+
+    def __init__(self, name, layout, dtype, device, body: "Body", *, mutates: Optional[Buffer] = None):
+        super().__init__(name, layout, dtype, device)
+        self.body = body
+        # set for writes into an existing buffer (``copy_`` into a graph input)
+        self.mutates = mutates
+
+
+class ExternBuffer(Buffer):
+    """One tensor output of an ATen call made by the wrapper."""
+
+    def __init__(self, name, layout, dtype, device, call: "ExternCall", output_index: Optional[int]):
+        super().__init__(name, layout, dtype, device)
+        self.call, self.output_index = call, output_index
+
+
+@dataclasses.dataclass
+class ExternCall:
+    """``outputs = op(*args, **kwargs)`` run by the wrapper; tensors in args are Buffers or
+    StorageViews (passed as strided views)."""
+
+    name: str
+    op: Any
+    args: tuple
+    kwargs: dict
+    outputs: list = dataclasses.field(default_factory=list)  # ExternBuffer or None, per output
+    # True when the op returns one tensor rather than a tuple
+    single_output: bool = True
+
+
+# --- bodies of computed buffers ------------------------------------------------------------
+
+@dataclasses.dataclass
+class PointwiseBody:
+    ranges: list[Expr]
+    fn: Callable[[list[Expr]], Any]  # index -> ops value; the value is stored at the layout
+
+
+@dataclasses.dataclass
+class ReductionBody:
+    ranges: list[Expr]  # kept dimensions (the buffer's size)
+    reduction_ranges: list[Expr]
+    reduction_type: str  # sum, prod, max, min, argmax, argmin, any, all
+    fn: Callable[[list[Expr], list[Expr]], Any]
+    source_dtype: torch.dtype  # dtype of the reduced values (accumulation type follows it)
+
+
+Body = Any  # PointwiseBody | ReductionBody
+
+
+# --- values (what lowerings pass around) -----------------------------------------------------
+
+class Value:
+    size: list[Expr]
+    dtype: torch.dtype
+    device: torch.device
+
+    def make_loader(self) -> Callable[[list[Expr]], Any]:
+        raise NotImplementedError
+
+    def numel(self) -> Expr:
+        return product(self.size)
+
+
+class Pointwise(Value):
+    def __init__(self, size, dtype, device, fn):
+        self.size, self.dtype, self.device, self.fn = sympify_size(size), dtype, device, fn
+
+    def make_loader(self):
+        return self.fn
+
+    def __repr__(self) -> str:
+        return f"Pointwise({[int(s) for s in self.size]}, {self.dtype})"
+
+
+class StorageView(Value):
+    def __init__(self, buffer: Buffer, size, stride, offset=sympy.Integer(0)):
+        self.buffer = buffer
+        self.size, self.stride = sympify_size(size), sympify_size(stride)
+        self.offset = sympy.sympify(offset)
+        self.dtype, self.device = buffer.dtype, buffer.device
+
+    def make_loader(self):
+        name, stride, offset = self.buffer.name, self.stride, self.offset
+
+        def load(index):
+            return ops.load(name, strided_index([i for i, n in zip(index, self.size) if n != 1],
+                                                [s for s, n in zip(stride, self.size) if n != 1], offset))
+        return load
+
+    def is_contiguous(self) -> bool:
+        expected = contiguous_strides(self.size)
+        return self.offset == 0 and all(n == 1 or s == e for n, s, e in zip(self.size, self.stride, expected))
+
+    def __repr__(self) -> str:
+        return f"StorageView({self.buffer.name}, {[int(s) for s in self.size]}, {[int(s) for s in self.stride]})"
+
+
+def is_value(obj: Any) -> bool:
+    return isinstance(obj, Value)
+
+
+def counter(prefix: str) -> Callable[[], str]:
+    numbers = itertools.count()
+    return lambda: f"{prefix}{next(numbers)}"
+
+
+def dense_strides_like(size: Sequence[Any], stride: Sequence[Any]) -> list[Expr]:
+    """Strides of a dense tensor of ``size`` that orders dimensions as ``stride`` does (the
+    layout eager would give a pointwise result of an input with that stride)."""
+    order = sorted(range(len(size)), key=lambda d: (int(stride[d]), -d))
+    out, running = [sympy.Integer(0)] * len(size), sympy.Integer(1)
+    for dim in order:
+        out[dim] = running
+        running = running * int(size[dim])
+    return out
+
+
+def is_non_overlapping_dense(size: Sequence[Any], stride: Sequence[Any]) -> bool:
+    dims = [d for d in range(len(size)) if int(size[d]) != 1]
+    dims.sort(key=lambda d: int(stride[d]))
+    expected = 1
+    for d in dims:
+        if int(stride[d]) != expected:
+            return False
+        expected *= int(size[d])
+    return True
+
+
+def ceil_pow2(n: int) -> int:
+    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))

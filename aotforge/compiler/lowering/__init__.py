@@ -1,0 +1,6 @@
+"""Lowering: FX graph of ATen ops -> loop IR. Importing this package fills ``LOWERINGS``."""
+from . import misc, pointwise, reductions, views  # noqa: F401  (each registers its lowerings)
+from .graph import GraphLowering
+from .registry import LOWERINGS, NotLowerable
+
+__all__ = ["GraphLowering", "LOWERINGS", "NotLowerable"]

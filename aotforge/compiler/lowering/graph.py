@@ -1,0 +1,189 @@
+"""GraphLowering: walk an FX graph of ATen ops and build the loop IR.
+
+Each node goes through its lowering in ``LOWERINGS``; a node without one, or whose lowering
+declines (``NotLowerable``), becomes an ``ExternCall`` to the ATen op itself, so compilation
+never fails for a missing lowering. The result is a list of *operations* in program order
+(``ComputedBuffer``s and ``ExternCall``s) plus the graph's inputs and outputs.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import sympy
+import torch
+import torch.fx as fx
+
+from .. import ir
+from ..ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Layout, Pointwise,
+                  PointwiseBody, ReductionBody, StorageView, Value)
+from ..ops import ReadRecorder, use_handler
+from .registry import LOWERINGS, NotLowerable, lowering_node
+
+# A value used by several consumers is recomputed in each (fusing it) when it is this cheap;
+# above it is computed once into a buffer. Recomputing keeps memory traffic low; the limits
+# keep an expensive value from being computed many times.
+REALIZE_OP_THRESHOLD = 24
+REALIZE_READ_THRESHOLD = 6
+
+
+class GraphLowering:
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.operations: list[Any] = []  # ComputedBuffer | ExternCall, in program order
+        self.inputs: list[Optional[InputBuffer]] = []
+        self.input_names: set[str] = set()
+        self.outputs: list[Any] = []  # StorageView | python value, per graph output
+        self.values: dict[fx.Node, Any] = {}
+        self.lowered_ops: dict[str, int] = {}
+        self.fallback_ops: dict[str, int] = {}
+        self._buffer_names = ir.counter("buf")
+        self._extern_names = ir.counter("extern")
+
+    # --- building blocks used by lowerings ------------------------------------------------
+
+    def new_buffer_name(self) -> str:
+        return self._buffer_names()
+
+    def realize(self, value: Value, stride_hint: Optional[list] = None) -> StorageView:
+        """Give ``value`` a buffer of its own (computed by a kernel) and return a view of it."""
+        if isinstance(value, StorageView):
+            return value
+        size = value.size
+        if stride_hint is not None and ir.is_non_overlapping_dense(size, stride_hint):
+            stride = ir.dense_strides_like(size, stride_hint)
+        else:
+            stride = ir.contiguous_strides(size)
+        buffer = ComputedBuffer(self.new_buffer_name(), Layout(list(size), stride), value.dtype, value.device,
+                                PointwiseBody(list(size), value.make_loader()))
+        self.operations.append(buffer)
+        return buffer.view()
+
+    def add_reduction(self, ranges, reduction_ranges, reduction_type, fn, source_dtype, out_dtype, device) -> StorageView:
+        buffer = ComputedBuffer(self.new_buffer_name(), Layout(list(ranges), ir.contiguous_strides(ranges)),
+                                out_dtype, device,
+                                ReductionBody(list(ranges), list(reduction_ranges), reduction_type, fn, source_dtype))
+        self.operations.append(buffer)
+        return buffer.view()
+
+    def add_mutation(self, destination: StorageView, value: Value) -> None:
+        layout = Layout(list(destination.size), list(destination.stride), destination.offset)
+        buffer = ComputedBuffer(destination.buffer.name, layout, destination.dtype, destination.device,
+                                PointwiseBody(list(destination.size), value.make_loader()),
+                                mutates=destination.buffer)
+        self.operations.append(buffer)
+
+    # --- the walk -------------------------------------------------------------------------
+
+    def run(self) -> "GraphLowering":
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.values[node] = self._placeholder(node)
+            elif node.op == "call_function":
+                self.values[node] = self._call_function(node)
+            elif node.op == "output":
+                self._output(node)
+            else:
+                raise NotImplementedError(f"aotforge cannot lower FX node kind {node.op!r} ({node})")
+        return self
+
+    def _placeholder(self, node: fx.Node) -> Any:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            self.inputs.append(None)
+            return val
+        buffer = InputBuffer(node.name, Layout(list(ir.sympify_size(val.shape)), list(ir.sympify_size(val.stride()))),
+                             val.dtype, val.device)
+        buffer.storage_offset = int(val.storage_offset())
+        self.inputs.append(buffer)
+        self.input_names.add(buffer.name)
+        return buffer.view()
+
+    def _call_function(self, node: fx.Node) -> Any:
+        if node.target is operator.getitem:
+            container = self.values[node.args[0]]
+            return container[node.args[1]]
+        lowering = LOWERINGS.get(node.target)
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n])
+        name = _op_name(node.target)
+        if lowering is not None:
+            try:
+                with lowering_node(node, self):
+                    result = lowering(*args, **kwargs)
+                self.lowered_ops[name] = self.lowered_ops.get(name, 0) + 1
+                return self._maybe_realize(node, result)
+            except NotLowerable:
+                pass
+        self.fallback_ops[name] = self.fallback_ops.get(name, 0) + 1
+        return self.extern(node, args, kwargs)
+
+    def _maybe_realize(self, node: fx.Node, result: Any) -> Any:
+        if isinstance(result, Pointwise):
+            if len(node.users) > 1 and self._expensive(result):
+                return self.realize(result, _stride_of(node.meta.get("val")))
+        return result
+
+    def _expensive(self, value: Pointwise) -> bool:
+        recorder = ReadRecorder()
+        with use_handler(recorder):
+            value.make_loader()(ir.index_symbols("i", len(value.size)))
+        return recorder.op_count > REALIZE_OP_THRESHOLD or len(recorder.reads) > REALIZE_READ_THRESHOLD
+
+    def extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
+        """Run ``node.target`` through ATen at runtime; its tensor outputs become buffers."""
+        def realize_arg(a):
+            return self.realize(a) if isinstance(a, Value) else a
+        args = _map_values(args, realize_arg)
+        kwargs = _map_values(kwargs, realize_arg)
+        val = node.meta.get("val")
+        call = ExternCall(self._extern_names(), node.target, args, kwargs,
+                          single_output=not isinstance(val, (tuple, list)))
+        outputs = [val] if call.single_output else list(val)
+        results = []
+        for position, out in enumerate(outputs):
+            if isinstance(out, torch.Tensor):
+                buffer = ExternBuffer(self.new_buffer_name(),
+                                      Layout(list(ir.sympify_size(out.shape)), list(ir.sympify_size(out.stride()))),
+                                      out.dtype, out.device, call, None if call.single_output else position)
+                call.outputs.append(buffer)
+                results.append(buffer.view())
+            else:
+                call.outputs.append(None)
+                results.append(out)
+        self.operations.append(call)
+        return results[0] if call.single_output else tuple(results)
+
+    def _output(self, node: fx.Node) -> None:
+        flat = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
+        for arg in flat:
+            value = self.values[arg] if isinstance(arg, fx.Node) else arg
+            if isinstance(value, Value):
+                value = self.realize(value, _stride_of(arg.meta.get("val")))
+            self.outputs.append(value)
+
+
+def _stride_of(val: Any) -> Optional[list]:
+    if isinstance(val, torch.Tensor):
+        try:
+            return [int(s) for s in val.stride()]
+        except Exception:
+            return None
+    return None
+
+
+def _map_values(obj: Any, fn) -> Any:
+    if isinstance(obj, (list, tuple)):
+        mapped = [_map_values(o, fn) for o in obj]
+        return type(obj)(mapped) if isinstance(obj, tuple) else mapped
+    if isinstance(obj, dict):
+        return {k: _map_values(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+_ = (sympy, NotLowerable)

@@ -1,0 +1,257 @@
+"""Lowerings that build tensors or gather from them: full, arange, cat, pad, index, gather,
+scatter-by-slice, and ``copy_`` into a graph input (the one mutation a graph may contain)."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import sympy
+import torch
+
+from ..ir import FloorDiv, Pointwise, StorageView, Value
+from ..ops import ops
+from .pointwise import _cast
+from .registry import (NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype, current_graph,
+                       device_of, node_value, normalize_dim, register, result_dtype, static_ints)
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _meta_device() -> torch.device:
+    val = node_value()
+    if not isinstance(val, torch.Tensor):
+        raise NotLowerable("creation op without a tensor result")
+    return val.device
+
+
+@register(aten.full.default)
+def full(size: Sequence[Any], fill_value: Any, **kwargs: Any) -> Value:
+    dtype = result_dtype()
+    return Pointwise(static_ints(size), dtype, _meta_device(), lambda index: ops.constant(fill_value, dtype))
+
+
+@register(aten.scalar_tensor.default)
+def scalar_tensor(value: Any, **kwargs: Any) -> Value:
+    dtype = result_dtype()
+    return Pointwise([], dtype, _meta_device(), lambda index: ops.constant(value, dtype))
+
+
+@register(aten.arange.start_step, aten.arange.default, aten.arange.start, prims.iota.default)
+def arange(*args: Any, **kwargs: Any) -> Value:
+    dtype = result_dtype()
+    length = int(node_value().shape[0])
+    if current_op() is prims.iota.default:
+        start, step = kwargs["start"], kwargs["step"]
+    else:
+        numbers = [a for a in args if isinstance(a, (int, float))]
+        start, step = (0, 1) if len(numbers) == 1 else (numbers[0], numbers[2] if len(numbers) > 2 else 1)
+    compute = compute_dtype(dtype)
+
+    def fn(index):
+        position = ops.index_expr(index[0], torch.int64)
+        if isinstance(start, int) and isinstance(step, int) and not compute.is_floating_point:
+            value = ops.add(ops.mul(position, ops.constant(step, torch.int64)), ops.constant(start, torch.int64))
+            return _to(value, dtype, torch.int64)
+        value = ops.add(ops.mul(ops.to_dtype(position, compute, torch.int64), ops.constant(step, compute)),
+                        ops.constant(start, compute))
+        return _to(value, dtype, compute)
+    return Pointwise([length], dtype, _meta_device(), fn)
+
+
+def _to(value, dtype, source):
+    return ops.to_dtype(value, dtype, source) if dtype != source else value
+
+
+def current_op():
+    from .registry import current_node
+
+    return current_node().target
+
+
+@register(aten.cat.default)
+def cat(tensors: Sequence[Value], dim: int = 0) -> Value:
+    """Each output element loads from the one input whose range along ``dim`` holds it."""
+    tensors = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
+    if not tensors:
+        raise NotLowerable("cat of empty tensors")
+    dtype = result_dtype()
+    dim = normalize_dim(dim, len(tensors[0].size))
+    starts, total = [], 0
+    for t in tensors:
+        starts.append(total)
+        total += int(t.size[dim])
+    size = list(tensors[0].size)
+    size[dim] = sympy.Integer(total)
+    loaders = [broadcast_loader(t, t.size, dtype) for t in tensors]
+
+    def fn(index):
+        position = index[dim]
+        result = None
+        for t, start, load in zip(tensors, starts, loaders):
+            end = start + int(t.size[dim])
+            shifted = index[:dim] + [position - start] + index[dim + 1:]
+            where_ = ops.index_expr(position, torch.int64)
+            inside = None
+            if start > 0:
+                inside = ops.ge(where_, ops.constant(start, torch.int64))
+            if end < total:
+                below = ops.lt(where_, ops.constant(end, torch.int64))
+                inside = below if inside is None else ops.logical_and(inside, below)
+            if inside is None:
+                return load(shifted)
+            value = ops.masked(inside, lambda s=shifted, l=load: l(s), 0)
+            result = value if result is None else ops.where(inside, value, result)
+        return result
+    return Pointwise(size, dtype, device_of(tensors), fn)
+
+
+@register(aten.constant_pad_nd.default)
+def constant_pad_nd(x: Value, pad: Sequence[int], value: Any = 0) -> Value:
+    pad = static_ints(pad)
+    rank = len(x.size)
+    size = list(x.size)
+    lows = [0] * rank
+    for i in range(len(pad) // 2):
+        d = rank - 1 - i
+        lows[d] = pad[2 * i]
+        size[d] = size[d] + pad[2 * i] + pad[2 * i + 1]
+    load, dtype = x.make_loader(), x.dtype
+
+    def fn(index):
+        source = [i - low for i, low in zip(index, lows)]
+        mask = None
+        for d, (i, low) in enumerate(zip(source, lows)):
+            if low == 0 and size[d] <= x.size[d]:
+                continue
+            position = ops.index_expr(i, torch.int64)
+            inside = ops.logical_and(ops.ge(position, ops.constant(0, torch.int64)),
+                                     ops.lt(position, ops.constant(int(x.size[d]), torch.int64)))
+            mask = inside if mask is None else ops.logical_and(mask, inside)
+        if mask is None:
+            return load(source)
+        return ops.where(mask, ops.masked(mask, lambda: load(source), value), ops.constant(value, dtype))
+    return Pointwise(size, dtype, x.device, fn)
+
+
+def _indirect(index_value: Value, index_at, size: Any):
+    load = index_value.make_loader()
+    return ops.indirect_indexing(load(index_at), size)
+
+
+@register(aten.index.Tensor)
+def index(x: Value, indices: Sequence[Optional[Value]]) -> Value:
+    """Advanced indexing with integer index tensors (boolean masks are data-dependent and run
+    as ATen calls)."""
+    indices = list(indices) + [None] * (len(x.size) - len(indices))
+    positions = [d for d, i in enumerate(indices) if i is not None]
+    if any(indices[d].dtype == torch.bool for d in positions):
+        raise NotLowerable("boolean mask indexing")
+    broadcast = broadcast_shapes(*[indices[d].size for d in positions])
+    adjacent = positions == list(range(positions[0], positions[-1] + 1))
+    rest = [d for d in range(len(x.size)) if indices[d] is None]
+    if adjacent:
+        first = positions[0]
+        size = x.size[:first] + broadcast + x.size[positions[-1] + 1:]
+    else:
+        first = 0
+        size = broadcast + [x.size[d] for d in rest]
+    load = x.make_loader()
+
+    def fn(index_):
+        bidx = index_[first:first + len(broadcast)]
+        other = index_[:first] + index_[first + len(broadcast):]
+        full: list[Any] = [None] * len(x.size)
+        for d in positions:
+            t = indices[d]
+            at = [sympy.Integer(0) if n == 1 else bidx[len(broadcast) - len(t.size) + k] for k, n in enumerate(t.size)]
+            full[d] = _indirect(t, at, x.size[d])
+        for d, i in zip(rest, other):
+            full[d] = i
+        return load(full)
+    return Pointwise(size, x.dtype, x.device, fn)
+
+
+@register(aten.gather.default)
+def gather(x: Value, dim: int, index_: Value, *, sparse_grad: bool = False) -> Value:
+    dim = normalize_dim(dim, len(x.size))
+    load = x.make_loader()
+
+    def fn(position):
+        full = list(position)
+        full[dim] = _indirect(index_, position, x.size[dim])
+        return load(full)
+    return Pointwise(index_.size, x.dtype, x.device, fn)
+
+
+@register(aten.index_select.default)
+def index_select(x: Value, dim: int, index_: Value) -> Value:
+    dim = normalize_dim(dim, len(x.size))
+    load = x.make_loader()
+    size = list(x.size)
+    size[dim] = index_.size[0] if index_.size else sympy.Integer(1)
+
+    def fn(position):
+        full = list(position)
+        full[dim] = _indirect(index_, [position[dim]] if index_.size else [], x.size[dim])
+        return load(full)
+    return Pointwise(size, x.dtype, x.device, fn)
+
+
+@register(aten.embedding.default)
+def embedding(weight: Value, indices: Value, padding_idx: int = -1, scale_grad: bool = False,
+              sparse: bool = False) -> Value:
+    load = weight.make_loader()
+    size = list(indices.size) + [weight.size[1]]
+
+    def fn(position):
+        return load([_indirect(indices, position[:-1], weight.size[0]), position[-1]])
+    return Pointwise(size, weight.dtype, weight.device, fn)
+
+
+@register(aten.slice_scatter.default)
+def slice_scatter(x: Value, source: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+    dim = normalize_dim(dim, len(x.size))
+    length = int(x.size[dim])
+    start = 0 if start is None else int(start)
+    end = length if end is None else int(end)
+    start, end = (start + length if start < 0 else start), min(length, end + length if end < 0 else end)
+    load_x, load_source = x.make_loader(), broadcast_loader(source, source.size, x.dtype)
+
+    def fn(index_):
+        position = ops.index_expr(index_[dim], torch.int64)
+        inside = ops.logical_and(ops.ge(position, ops.constant(start, torch.int64)),
+                                 ops.lt(position, ops.constant(end, torch.int64)))
+        if step != 1:
+            offset = ops.sub(position, ops.constant(start, torch.int64))
+            inside = ops.logical_and(inside, ops.eq(ops.remainder(offset, ops.constant(step, torch.int64)),
+                                                    ops.constant(0, torch.int64)))
+        shifted = index_[:dim] + [FloorDiv(index_[dim] - start, step)] + index_[dim + 1:]
+        return ops.where(inside, ops.masked(inside, lambda: load_source(shifted), 0), load_x(index_))
+    return Pointwise(x.size, x.dtype, x.device, fn)
+
+
+@register(aten.select_scatter.default)
+def select_scatter(x: Value, source: Value, dim: int, position: int) -> Value:
+    dim = normalize_dim(dim, len(x.size))
+    position = int(position) + (int(x.size[dim]) if int(position) < 0 else 0)
+    load_x, load_source = x.make_loader(), broadcast_loader(source, source.size, x.dtype)
+
+    def fn(index_):
+        here = ops.eq(ops.index_expr(index_[dim], torch.int64), ops.constant(position, torch.int64))
+        return ops.where(here, ops.masked(here, lambda: load_source(index_[:dim] + index_[dim + 1:]), 0), load_x(index_))
+    return Pointwise(x.size, x.dtype, x.device, fn)
+
+
+@register(aten.copy_.default)
+def copy_(destination: Value, source: Value, non_blocking: bool = False) -> Value:
+    """``copy_`` into a graph input: the kernel writes the new values into the input itself."""
+    graph = current_graph()
+    if not (isinstance(destination, StorageView) and destination.buffer.name in graph.input_names):
+        raise NotLowerable("copy_ into something other than a graph input")
+    value = _cast(Pointwise(destination.size, source.dtype, destination.device,
+                            broadcast_loader(source, destination.size, source.dtype)), destination.dtype)
+    graph.add_mutation(destination, value)
+    return destination
+
+
+_ = (device_of, compute_dtype)

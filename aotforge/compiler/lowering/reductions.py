@@ -1,0 +1,182 @@
+"""Reductions: each becomes a ``ReductionBody`` over (kept dims, reduced dims); the values
+being reduced are computed inline (a pointwise prologue), so ``sum(x * y)`` reads x and y
+once and never stores ``x * y``."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import sympy
+import torch
+
+from ..ir import Pointwise, StorageView, Value, product
+from ..ops import ops
+from .pointwise import make_pointwise
+from .registry import (NotLowerable, compute_dtype, current_graph, normalize_dim, register,
+                       result_dtype)
+
+aten = torch.ops.aten
+
+
+def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_type: str,
+           out_dtype: torch.dtype, source_dtype: torch.dtype) -> Value:
+    """Reduce ``x`` over ``dims`` (None or [] = all) with ``reduction_type``."""
+    rank = len(x.size)
+    dims = sorted({normalize_dim(d, rank) for d in dims}) if dims else list(range(rank))
+    kept = [d for d in range(rank) if d not in dims]
+    ranges = [x.size[d] for d in kept]
+    reduction_ranges = [x.size[d] for d in dims]
+    if int(product(reduction_ranges)) == 0 or int(product(ranges)) == 0:
+        raise NotLowerable("empty reductions run as ATen calls")
+    load, source = x.make_loader(), x.dtype
+
+    def value_at(index, rindex):
+        full: list[Any] = [None] * rank
+        for d, i in zip(kept, index):
+            full[d] = i
+        for d, i in zip(dims, rindex):
+            full[d] = i
+        value = load(full)
+        return ops.to_dtype(value, source_dtype, source) if source != source_dtype else value
+
+    out = current_graph().add_reduction(ranges, reduction_ranges, reduction_type, value_at,
+                                        source_dtype, out_dtype, x.device)
+    if keepdim:
+        size, stride = list(out.size), list(out.stride)
+        for d in dims:
+            size.insert(d, sympy.Integer(1))
+            stride.insert(d, sympy.Integer(0))
+        out = StorageView(out.buffer, size, stride, out.offset)
+    return out
+
+
+def _dims_arg(dims: Any) -> Optional[list[int]]:
+    if dims is None:
+        return None
+    return [dims] if isinstance(dims, int) else list(dims)
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def sum_(x: Value, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
+    out = result_dtype(dtype or x.dtype)
+    return reduce(x, _dims_arg(dims), keepdim, "sum", out, compute_dtype(out))
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def prod(x: Value, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
+    out = result_dtype(dtype or x.dtype)
+    return reduce(x, _dims_arg(dim), keepdim, "prod", out, compute_dtype(out))
+
+
+@register(aten.mean.dim, aten.mean.default)
+def mean(x: Value, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
+    out = result_dtype(dtype or x.dtype)
+    if not out.is_floating_point:
+        raise NotLowerable("mean of an integer tensor")
+    rank = len(x.size)
+    dims = _dims_arg(dims) or list(range(rank))
+    count = int(product([x.size[normalize_dim(d, rank)] for d in dims])) if rank else 1
+    total = reduce(x, dims, keepdim, "sum", compute_dtype(out), compute_dtype(out))
+    return _divide(total, count, out)
+
+
+def _divide(total: Value, count: int, out: torch.dtype) -> Value:
+    load, source = total.make_loader(), total.dtype
+    return Pointwise(total.size, out, total.device, lambda index: _cast(
+        ops.truediv(load(index), ops.constant(count, source)), out, source))
+
+
+def _cast(value, dtype, source):
+    return ops.to_dtype(value, dtype, source) if dtype != source else value
+
+
+@register(aten.amax.default, aten.amin.default)
+def amax_amin(x: Value, dims: Any = (), keepdim: bool = False) -> Value:
+    kind = "max" if current_op() is aten.amax.default else "min"
+    return reduce(x, _dims_arg(dims), keepdim, kind, x.dtype, compute_dtype(x.dtype))
+
+
+def current_op():
+    from .registry import current_node
+
+    return current_node().target
+
+
+@register(aten.max.default, aten.min.default)
+def max_min_all(x: Value) -> Value:
+    kind = "max" if current_op() is aten.max.default else "min"
+    return reduce(x, None, False, kind, x.dtype, compute_dtype(x.dtype))
+
+
+@register(aten.max.dim, aten.min.dim)
+def max_min_dim(x: Value, dim: int, keepdim: bool = False) -> tuple:
+    kind = "max" if current_op() is aten.max.dim else "min"
+    values = reduce(x, [dim], keepdim, kind, x.dtype, compute_dtype(x.dtype))
+    indices = reduce(x, [dim], keepdim, "arg" + kind, torch.int64, compute_dtype(x.dtype))
+    return values, indices
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def argmax_argmin(x: Value, dim: Any = None, keepdim: bool = False) -> Value:
+    kind = "argmax" if current_op() is aten.argmax.default else "argmin"
+    if dim is None and keepdim:
+        raise NotLowerable("argmax over all dims with keepdim")
+    return reduce(x, _dims_arg(dim), keepdim, kind, torch.int64, compute_dtype(x.dtype))
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def any_all(x: Value, dims: Any = None, keepdim: bool = False) -> Value:
+    kind = "max" if "any" in str(current_op()) else "min"
+    load, source = x.make_loader(), x.dtype
+    truth = Pointwise(x.size, torch.bool, x.device,
+                      lambda index: ops.ne(load(index), ops.constant(0, compute_dtype(source))))
+    if source != torch.bool:
+        truth = Pointwise(x.size, torch.bool, x.device,
+                          lambda index: ops.ne(ops.to_dtype(load(index), compute_dtype(source), source),
+                                               ops.constant(0, compute_dtype(source))))
+    else:
+        truth = x
+    as_int = Pointwise(x.size, torch.int32, x.device,
+                       lambda index: ops.to_dtype(truth.make_loader()(index), torch.int32, torch.bool))
+    out = reduce(as_int, _dims_arg(dims), keepdim, kind, torch.bool, torch.int32)
+    return out
+
+
+@register(aten.var.correction, aten.var_mean.correction)
+def var(x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    """Two reductions over the same rows (mean, then squared deviations); the scheduler puts
+    both in one kernel, so a row is read from memory once."""
+    out = x.dtype
+    if not out.is_floating_point:
+        raise NotLowerable("var of an integer tensor")
+    compute = compute_dtype(out)
+    rank = len(x.size)
+    dims = _dims_arg(dims) or list(range(rank))
+    count = int(product([x.size[normalize_dim(d, rank)] for d in dims])) if rank else 1
+    correction = 1 if correction is None else correction
+    average = _divide(reduce(x, dims, True, "sum", compute, compute), count, compute)
+    average = current_graph().realize(average)
+    load_x, load_mean = x.make_loader(), average.make_loader()
+    mean_size = average.size
+
+    def squared_deviation(index):
+        centered = ops.sub(_cast(load_x(index), compute, x.dtype),
+                           load_mean([i if n != 1 else sympy.Integer(0) for i, n in zip(index, mean_size)]))
+        return ops.mul(centered, centered)
+    deviations = Pointwise(x.size, compute, x.device, squared_deviation)
+    total = reduce(deviations, dims, keepdim, "sum", compute, compute)
+    variance = _divide(total, max(count - correction, 0), out)
+    if current_op() is aten.var_mean.correction:
+        mean_out = average if keepdim else reduce_view_squeeze(average, dims)
+        from .pointwise import _cast as cast_value
+
+        return variance, cast_value(mean_out, out)
+    return variance
+
+
+def reduce_view_squeeze(x: Value, dims: Sequence[int]) -> Value:
+    from .views import squeeze
+
+    return squeeze(x, [normalize_dim(d, len(x.size)) for d in dims])
+
+
+_ = make_pointwise

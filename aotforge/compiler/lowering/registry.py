@@ -1,0 +1,184 @@
+"""The table of lowerings (ATen op -> function building loop IR) and helpers they share."""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import sympy
+import torch
+
+from ..ir import Pointwise, StorageView, Value, product, sympify_size
+from ..ops import ops
+
+LOWERINGS: dict[Any, Callable[..., Any]] = {}
+
+
+class NotLowerable(Exception):
+    """Raised by a lowering for an input it does not handle; the op then runs as an extern."""
+
+
+def register(*ops_: Any) -> Callable[[Callable], Callable]:
+    """Register one lowering for several ATen overloads (packets register every overload)."""
+
+    def decorate(fn: Callable) -> Callable:
+        for op in ops_:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for overload in op.overloads():
+                    LOWERINGS[getattr(op, overload)] = fn
+            else:
+                LOWERINGS[op] = fn
+        return fn
+    return decorate
+
+
+# --- the FX node being lowered (lowerings read its metadata for result dtypes and shapes) ----
+
+_context = threading.local()
+
+
+@contextlib.contextmanager
+def lowering_node(node: torch.fx.Node, graph: Any):
+    previous = getattr(_context, "state", None)
+    _context.state = (node, graph)
+    try:
+        yield
+    finally:
+        _context.state = previous
+
+
+def current_node() -> torch.fx.Node:
+    return _context.state[0]
+
+
+def current_graph() -> Any:
+    return _context.state[1]
+
+
+def node_value() -> Any:
+    """The fake value the current node produced (a tensor, or a tuple of them)."""
+    return current_node().meta.get("val")
+
+
+def result_dtype(default: Optional[torch.dtype] = None) -> torch.dtype:
+    val = node_value()
+    if isinstance(val, torch.Tensor):
+        return val.dtype
+    if isinstance(val, (tuple, list)) and val and isinstance(val[0], torch.Tensor):
+        return val[0].dtype
+    if default is None:
+        raise NotLowerable("no dtype known for the node's result")
+    return default
+
+
+# --- dtypes --------------------------------------------------------------------------------
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Arithmetic on half types runs in float32 (as eager's CUDA kernels do)."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def promoted_dtype(*args: Any, kind: str = "DEFAULT") -> tuple[torch.dtype, torch.dtype]:
+    """torch's type promotion over lowered values and Python scalars: (compute, result)."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    proxies = []
+    for arg in args:
+        if isinstance(arg, Value):
+            proxies.append(torch.empty([1] * len(arg.size), dtype=arg.dtype, device="meta"))
+        elif isinstance(arg, (bool, int, float)):
+            proxies.append(arg)
+    if not proxies:
+        raise NotLowerable("no operands")
+    return elementwise_dtypes(*proxies, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind))
+
+
+# --- shapes --------------------------------------------------------------------------------
+
+def broadcast_shapes(*shapes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[sympy.Expr] = [sympy.Integer(1)] * rank
+    for shape in shapes:
+        for i, dim in enumerate(shape):
+            position = rank - len(shape) + i
+            if dim != 1:
+                if out[position] != 1 and out[position] != dim:
+                    raise NotLowerable(f"shapes {shapes} do not broadcast")
+                out[position] = dim
+    return out
+
+
+def broadcast_loader(value: Any, size: Sequence[sympy.Expr], dtype: torch.dtype) -> Callable:
+    """A loader over ``size`` that reads ``value`` broadcast to it, converted to ``dtype``."""
+    if not isinstance(value, Value):
+        return lambda index: ops.constant(value, dtype)
+    inner = value.make_loader()
+    skip = len(size) - len(value.size)
+    own = value.size
+    source_dtype = value.dtype
+
+    def load(index):
+        mapped = [sympy.Integer(0) if own[d] == 1 else index[skip + d] for d in range(len(own))]
+        result = inner(mapped)
+        return ops.to_dtype(result, dtype, source_dtype) if source_dtype != dtype else result
+    return load
+
+
+def to_dtype(value: Value, dtype: torch.dtype) -> Value:
+    if value.dtype == dtype:
+        return value
+    loader, source = value.make_loader(), value.dtype
+    return Pointwise(value.size, dtype, value.device, lambda index: ops.to_dtype(loader(index), dtype, source))
+
+
+def device_of(*args: Any) -> torch.device:
+    for arg in args:
+        if isinstance(arg, Value):
+            return arg.device
+        if isinstance(arg, (list, tuple)):
+            for item in arg:
+                if isinstance(item, Value):
+                    return item.device
+    val = node_value()
+    if isinstance(val, torch.Tensor):
+        return val.device
+    raise NotLowerable("cannot tell the device")
+
+
+def normalize_dim(dim: int, rank: int) -> int:
+    if rank == 0:
+        if dim not in (0, -1):
+            raise NotLowerable(f"dim {dim} out of range for a 0-d tensor")
+        return 0
+    if not -rank <= dim < rank:
+        raise NotLowerable(f"dim {dim} out of range for rank {rank}")
+    return dim % rank
+
+
+def as_value(obj: Any) -> Value:
+    if not isinstance(obj, Value):
+        raise NotLowerable(f"expected a tensor, got {type(obj).__name__}")
+    return obj
+
+
+def static_ints(values: Iterable[Any]) -> list[int]:
+    out = []
+    for v in values:
+        if isinstance(v, (torch.SymInt, sympy.Expr)) and not isinstance(v, sympy.Integer):
+            try:
+                v = int(v)
+            except Exception as exc:  # symbolic size: this path needs static shapes
+                raise NotLowerable("symbolic sizes are not lowered") from exc
+        out.append(int(v))
+    return out
+
+
+def numel(value: Value) -> int:
+    return int(product(value.size))
+
+
+def ones_like_size(size):
+    return sympify_size(size)

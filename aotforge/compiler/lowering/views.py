@@ -1,0 +1,219 @@
+"""Views: new index maps over the same data, never copies.
+
+A view of a realized buffer is a new ``StorageView`` (size, stride, offset); a view of a lazy
+``Pointwise`` wraps its loader with an index remapping::
+
+    permute(StorageView(buf0, [4, 8], [8, 1]), [1, 0]) -> StorageView(buf0, [8, 4], [1, 8])
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from ..ir import (ModularIndexing, Pointwise, StorageView, Value, contiguous_strides, product,
+                  strided_index, sympify_size, unflatten_index)
+from .registry import NotLowerable, current_graph, normalize_dim, register, static_ints
+
+aten = torch.ops.aten
+
+
+def remap(x: Value, size: Sequence[Any], index_map) -> Pointwise:
+    """A lazy view: element ``index`` of the result is element ``index_map(index)`` of x."""
+    load = x.make_loader()
+    return Pointwise(size, x.dtype, x.device, lambda index: load(index_map(index)))
+
+
+def _meta_view(x: StorageView, method: str, *args: Any) -> StorageView:
+    """Let torch's own view rules compute the strides, on a meta tensor."""
+    meta = torch.empty_strided([int(s) for s in x.size], [int(s) for s in x.stride], dtype=x.dtype, device="meta")
+    out = getattr(meta, method)(*args)
+    return StorageView(x.buffer, list(out.shape), list(out.stride()), x.offset + out.storage_offset())
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(x: Value, size: Sequence[Any]) -> Value:
+    size = static_ints(size)
+    total = int(product(x.size))
+    if -1 in size:
+        known = int(product([s for s in size if s != -1]))
+        size[size.index(-1)] = total // known if known else 0
+    if isinstance(x, StorageView):
+        try:
+            return _meta_view(x, "view", size)
+        except RuntimeError:
+            pass  # not expressible as strides: fall through to an index remap
+    new_size = sympify_size(size)
+    old_size = x.size
+
+    def index_map(index):
+        flat = strided_index(index, contiguous_strides(new_size))
+        return unflatten_index(flat, old_size)
+    return remap(x, new_size, index_map)
+
+
+@register(aten.permute.default)
+def permute(x: Value, dims: Sequence[int]) -> Value:
+    dims = [normalize_dim(d, len(x.size)) for d in dims]
+    if isinstance(x, StorageView):
+        return StorageView(x.buffer, [x.size[d] for d in dims], [x.stride[d] for d in dims], x.offset)
+    inverse = [dims.index(d) for d in range(len(dims))]
+    return remap(x, [x.size[d] for d in dims], lambda index: [index[inverse[d]] for d in range(len(dims))])
+
+
+@register(aten.transpose.int)
+def transpose(x: Value, a: int, b: int) -> Value:
+    dims = list(range(len(x.size)))
+    a, b = normalize_dim(a, len(dims)), normalize_dim(b, len(dims))
+    dims[a], dims[b] = dims[b], dims[a]
+    return permute(x, dims)
+
+
+@register(aten.t.default)
+def t(x: Value) -> Value:
+    return permute(x, list(reversed(range(len(x.size)))))
+
+
+@register(aten.expand.default)
+def expand(x: Value, size: Sequence[Any], *, implicit: bool = False) -> Value:
+    size = static_ints(size)
+    skip = len(size) - len(x.size)
+    new_size = [x.size[d - skip] if s == -1 else sympy.Integer(s) for d, s in enumerate(size)]
+    if isinstance(x, StorageView):
+        stride = [sympy.Integer(0)] * skip + [
+            x.stride[d] if x.size[d] == new_size[skip + d] else sympy.Integer(0) for d in range(len(x.size))]
+        return StorageView(x.buffer, new_size, stride, x.offset)
+    own = x.size
+    return remap(x, new_size, lambda index: [sympy.Integer(0) if own[d] == 1 else index[skip + d]
+                                             for d in range(len(own))])
+
+
+@register(aten.unsqueeze.default)
+def unsqueeze(x: Value, dim: int) -> Value:
+    dim = normalize_dim(dim, len(x.size) + 1)
+    if isinstance(x, StorageView):
+        return StorageView(x.buffer, x.size[:dim] + [sympy.Integer(1)] + x.size[dim:],
+                           x.stride[:dim] + [sympy.Integer(1)] + x.stride[dim:], x.offset)
+    return remap(x, x.size[:dim] + [sympy.Integer(1)] + x.size[dim:], lambda index: index[:dim] + index[dim + 1:])
+
+
+@register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def squeeze(x: Value, dims: Any = None) -> Value:
+    rank = len(x.size)
+    if dims is None:
+        dims = list(range(rank))
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = {normalize_dim(d, rank) for d in dims} if rank else set()
+    keep = [d for d in range(rank) if not (d in dims and x.size[d] == 1)]
+    if isinstance(x, StorageView):
+        return StorageView(x.buffer, [x.size[d] for d in keep], [x.stride[d] for d in keep], x.offset)
+
+    def index_map(index):
+        full = [sympy.Integer(0)] * rank
+        for position, d in enumerate(keep):
+            full[d] = index[position]
+        return full
+    return remap(x, [x.size[d] for d in keep], index_map)
+
+
+@register(aten.slice.Tensor)
+def slice_(x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+    dim = normalize_dim(dim, len(x.size))
+    length = int(x.size[dim])
+    start, end = 0 if start is None else int(start), length if end is None else int(end)
+    start = max(0, start + length if start < 0 else start)
+    end = min(length, max(0, end + length if end < 0 else end))
+    count = max(0, (end - start + step - 1) // step)
+    size = list(x.size)
+    size[dim] = sympy.Integer(count)
+    if isinstance(x, StorageView):
+        stride = list(x.stride)
+        stride[dim] = x.stride[dim] * step
+        return StorageView(x.buffer, size, stride, x.offset + start * x.stride[dim])
+    return remap(x, size, lambda index: index[:dim] + [index[dim] * step + start] + index[dim + 1:])
+
+
+@register(aten.select.int)
+def select(x: Value, dim: int, position: int) -> Value:
+    dim = normalize_dim(dim, len(x.size))
+    position = int(position)
+    if position < 0:
+        position += int(x.size[dim])
+    if isinstance(x, StorageView):
+        return StorageView(x.buffer, x.size[:dim] + x.size[dim + 1:], x.stride[:dim] + x.stride[dim + 1:],
+                           x.offset + position * x.stride[dim])
+    return remap(x, x.size[:dim] + x.size[dim + 1:], lambda index: index[:dim] + [sympy.Integer(position)] + index[dim:])
+
+
+@register(aten.split.Tensor)
+def split(x: Value, split_size: int, dim: int = 0) -> tuple:
+    length = int(x.size[normalize_dim(dim, len(x.size))])
+    sizes = [min(split_size, length - start) for start in range(0, length, split_size)] or [0]
+    return split_with_sizes(x, sizes, dim)
+
+
+@register(aten.split_with_sizes.default)
+def split_with_sizes(x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
+    out, start = [], 0
+    for size in sizes:
+        out.append(slice_(x, dim, start, start + size))
+        start += size
+    return tuple(out)
+
+
+@register(aten.unbind.int)
+def unbind(x: Value, dim: int = 0) -> tuple:
+    return tuple(select(x, dim, i) for i in range(int(x.size[normalize_dim(dim, len(x.size))])))
+
+
+@register(aten.as_strided.default)
+def as_strided(x: Value, size: Sequence[int], stride: Sequence[int], storage_offset: Any = None) -> Value:
+    """Only on a buffer we own, whose storage starts at its data pointer."""
+    x = current_graph().realize(x)
+    base_offset = getattr(x.buffer, "storage_offset", 0)
+    offset = (int(storage_offset) if storage_offset is not None else base_offset) - base_offset
+    if offset < 0:
+        raise NotLowerable("as_strided before the buffer's start")
+    return StorageView(x.buffer, static_ints(size), static_ints(stride), sympy.Integer(offset))
+
+
+@register(aten.diagonal.default)
+def diagonal(x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+    rank = len(x.size)
+    dim1, dim2 = normalize_dim(dim1, rank), normalize_dim(dim2, rank)
+    length = max(0, min(int(x.size[dim1]) - max(-offset, 0), int(x.size[dim2]) - max(offset, 0)))
+    rest = [d for d in range(rank) if d not in (dim1, dim2)]
+
+    def index_map(index):
+        full = [sympy.Integer(0)] * rank
+        for position, d in enumerate(rest):
+            full[d] = index[position]
+        full[dim1] = index[-1] + max(-offset, 0)
+        full[dim2] = index[-1] + max(offset, 0)
+        return full
+    return remap(x, [x.size[d] for d in rest] + [sympy.Integer(length)], index_map)
+
+
+_ = ModularIndexing  # re-exported for lowerings that build index maps by hand
+
+
+def _register_copy_variants() -> None:
+    """``permute_copy`` etc. (what functionalization emits) lower like their views: in a
+    functional graph a view and a copy of it are indistinguishable."""
+    from .registry import LOWERINGS
+
+    for base in ["view", "permute", "expand", "slice", "select", "squeeze", "unsqueeze", "transpose", "t",
+                 "alias", "as_strided", "diagonal", "split", "split_with_sizes", "unbind", "_unsafe_view"]:
+        copy_packet = getattr(aten, f"{base}_copy", None)
+        base_packet = getattr(aten, base, None)
+        if copy_packet is None or base_packet is None:
+            continue
+        for overload in copy_packet.overloads():
+            source = getattr(base_packet, overload, None) if overload in base_packet.overloads() else None
+            if source is not None and source in LOWERINGS:
+                LOWERINGS[getattr(copy_packet, overload)] = LOWERINGS[source]
+
+
+_register_copy_variants()

@@ -1,0 +1,7 @@
+"""Graph-to-graph passes run before lowering (see ``post_grad_passes`` for the order)."""
+from .graph_passes import (constant_fold, cse, dead_code_elimination, joint_graph_passes, post_grad_passes,
+                           pre_grad_passes, remove_noops, view_to_reshape)
+from .patterns import apply_pattern_rewrites
+
+__all__ = ["constant_fold", "cse", "dead_code_elimination", "joint_graph_passes", "post_grad_passes",
+           "pre_grad_passes", "remove_noops", "view_to_reshape", "apply_pattern_rewrites"]

@@ -1,0 +1,229 @@
+"""Generic passes over FX graphs of ATen ops. Each is ``pass(gm) -> gm`` and edits in place."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+# ops whose result differs between two calls with the same arguments
+NONDETERMINISTIC = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
+                    "native_dropout", "normal", "uniform", "exponential", "multinomial", "randperm",
+                    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                    "seed", "philox_rand"}
+
+
+def _is_pure(node: fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        if target._schema.is_mutable:
+            return False
+        return target._schema.name.split("::")[-1] not in NONDETERMINISTIC
+    return target.__module__ == "_operator"
+
+
+def dead_code_elimination(gm: fx.GraphModule) -> fx.GraphModule:
+    """Drop nodes nobody uses (mutating and random ops stay: FX marks them impure)."""
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def cse(gm: fx.GraphModule) -> fx.GraphModule:
+    """Common subexpression elimination::
+
+        a = mul(x, y); b = mul(x, y); c = add(a, b)   ->   a = mul(x, y); c = add(a, a)
+    """
+    seen: dict[Any, fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if not _is_pure(node):
+            continue
+        try:
+            key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+            hash(key)
+        except TypeError:
+            continue
+        if key in seen:
+            node.replace_all_uses_with(seen[key])
+            gm.graph.erase_node(node)
+        else:
+            seen[key] = node
+    gm.recompile()
+    return gm
+
+
+def _hashable(obj: Any) -> Any:
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__,) + tuple(_hashable(o) for o in obj)
+    if isinstance(obj, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in obj.items()))
+    if isinstance(obj, float) and obj != obj:
+        return ("nan",)
+    return obj
+
+
+def functionalize_inplace(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite in-place ops on intermediates (left by decompositions) to their functional
+    form when no view can observe the difference::
+
+        mean = mean(x); add_(mean, eps); r = rsqrt(mean)  ->  add = add(mean, eps); r = rsqrt(add)
+    """
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        name = target._schema.name.split("::")[-1]
+        if not (target._schema.is_mutable and name.endswith("_") and node.args):
+            continue
+        mutated = node.args[0]
+        if not isinstance(mutated, fx.Node) or mutated.op != "call_function":
+            continue
+        if getattr(mutated.target, "is_view", False) or any(
+                getattr(u.target, "is_view", False) for u in mutated.users):
+            continue
+        packet = getattr(aten, name[:-1], None)
+        functional = getattr(packet, target._overloadname, None) if packet is not None else None
+        if functional is None:
+            continue
+        node.target = functional
+        for user in list(mutated.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(mutated, node)
+    gm.recompile()
+    return gm
+
+
+def view_to_reshape(gm: fx.GraphModule) -> fx.GraphModule:
+    """``view`` -> ``reshape``: after passes change layouts, a view may no longer be legal on
+    its input's strides; a reshape always is (and is a view whenever a view would be)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is aten.view.default:
+            node.target = aten.reshape.default
+    gm.recompile()
+    return gm
+
+
+def _same_meta(a: Any, b: Any) -> bool:
+    va, vb = getattr(a, "meta", {}).get("val"), getattr(b, "meta", {}).get("val")
+    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
+            and va.shape == vb.shape and va.device == vb.device)
+
+
+def _identity_scalar(position: int, value: Any) -> Callable[[fx.Node], bool]:
+    return lambda node: len(node.args) > position and not isinstance(node.args[position], fx.Node) \
+        and node.args[position] == value and not node.kwargs.get("alpha", 1) != 1
+
+
+# op -> predicate saying the node returns its first argument unchanged
+NOOPS: dict[Any, Callable[[fx.Node], bool]] = {
+    aten.add.Tensor: _identity_scalar(1, 0), aten.add.Scalar: _identity_scalar(1, 0),
+    aten.sub.Tensor: _identity_scalar(1, 0), aten.sub.Scalar: _identity_scalar(1, 0),
+    aten.mul.Tensor: _identity_scalar(1, 1), aten.mul.Scalar: _identity_scalar(1, 1),
+    aten.div.Tensor: _identity_scalar(1, 1), aten.div.Scalar: _identity_scalar(1, 1),
+    aten.pow.Tensor_Scalar: _identity_scalar(1, 1),
+    aten.clone.default: lambda node: True,
+    aten.alias.default: lambda node: True,
+    aten._to_copy.default: lambda node: set(node.kwargs) <= {"dtype", "layout", "device", "memory_format"},
+    torch.ops.prims.convert_element_type.default: lambda node: True,
+    aten.expand.default: lambda node: True, aten.reshape.default: lambda node: True,
+    aten.view.default: lambda node: True, aten.permute.default: lambda node: list(node.args[1]) == sorted(node.args[1]),
+}
+
+
+def remove_noops(gm: fx.GraphModule) -> fx.GraphModule:
+    """Replace ops that return their input unchanged (``x + 0``, ``x * 1``, a ``clone``, a
+    cast to the same dtype, a reshape to the same shape) by their input::
+
+        y = add(x, 0); z = mul(y, w)   ->   z = mul(x, w)
+
+    A node is kept when removing it would make a graph output alias an input or another
+    output (outputs must stay distinct tensors)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    returned = set(output.all_input_nodes)
+    for node in list(gm.graph.nodes):
+        predicate = NOOPS.get(node.target) if node.op == "call_function" else None
+        if predicate is None or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        source = node.args[0]
+        if not _same_meta(node, source) or not predicate(node):
+            continue
+        if node in returned and (source.op == "placeholder" or source in returned):
+            continue
+        source_val, node_val = source.meta["val"], node.meta["val"]
+        if node_val.stride() != source_val.stride() and node in returned:
+            continue
+        node.replace_all_uses_with(source)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def constant_fold(gm: fx.GraphModule, max_numel: int = 4096) -> fx.GraphModule:
+    """Evaluate parameter-free subgraphs at compile time (``arange(8) * 2`` becomes a stored
+    constant). Fills alone are left for the lowering (free to generate); random ops are never
+    folded; large results are left so as not to hold their memory."""
+    constant: dict[fx.Node, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            constant[node] = getattr(gm, node.target)
+            continue
+        if not _is_pure(node) or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        inputs = node.all_input_nodes
+        if not all(i in constant for i in inputs):
+            continue
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: constant[n])
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.numel() > max_numel:
+            continue
+        try:
+            constant[node] = node.target(*args, **kwargs)
+        except Exception:
+            continue
+    folded = 0
+    for node, value in constant.items():
+        if node.op == "get_attr" or not node.all_input_nodes:
+            continue  # a fill from nothing: the lowering generates it for free
+        if all(user in constant for user in node.users):
+            continue  # only the last constant of a chain is stored
+        name = f"_folded_constant_{folded}"
+        folded += 1
+        setattr(gm, name, value)
+        with gm.graph.inserting_before(node):
+            replacement = gm.graph.get_attr(name)
+        replacement.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(replacement)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Passes on the torch-level graph Dynamo hands us, before AOT autograd traces it."""
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def joint_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Passes on the joint forward+backward graph, before it is partitioned."""
+    from .patterns import apply_pattern_rewrites
+
+    for graph_pass in (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination):
+        gm = graph_pass(gm)
+    return gm
+
+
+def post_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Passes on each graph about to be compiled, in order."""
+    from .patterns import apply_pattern_rewrites
+
+    for graph_pass in (functionalize_inplace, dead_code_elimination, view_to_reshape, remove_noops, apply_pattern_rewrites,
+                       constant_fold, cse, dead_code_elimination):
+        gm = graph_pass(gm)
+    return gm
