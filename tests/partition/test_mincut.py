@@ -308,3 +308,42 @@ def test_through_aotforge_aot_function_matches_eager() -> None:
         torch.testing.assert_close(out, eager_out, rtol=1e-10, atol=1e-12)
         for got, want in zip(grads, eager_grads):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_dynamic_shapes() -> None:
+    """SymInt nodes are saved or recomputed like tensors; the graphs run at another size."""
+    from functorch.compile import aot_function, make_boxed_compiler
+    from torch._functorch.partitioners import default_partition as torch_default
+
+    captured = []
+
+    def capture(joint, inputs, *, num_fwd_outputs, **kwargs):
+        captured.append((joint, inputs, num_fwd_outputs))
+        return torch_default(joint, inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    def f(x, w):
+        y = torch.nn.functional.gelu(x @ w)
+        pairs = y.view(-1, y.shape[-1] // 2, 2).sum(-1)
+        return torch.nn.functional.layer_norm(pairs, (y.shape[-1] // 2,))
+
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    compiled = aot_function(
+        f, fw_compiler=make_boxed_compiler(lambda gm, _: gm), partition_fn=capture, dynamic=True
+    )
+    compiled(leaf(6, 8), leaf(8, 10))
+    joint, inputs, fwo = captured[0]
+    assert any(isinstance(n.meta.get("val"), torch.SymInt) for n in joint.graph.nodes)
+    x, w = leaf(3, 8), leaf(8, 14)  # another size than traced
+    tangent = torch.randn(3, 7, dtype=torch.float64)
+    expected_out = f(x, w)
+    expected = torch.autograd.grad(expected_out, [x, w], tangent)
+    for budget in BUDGETS:
+        fw, bw = min_cut_rematerialization_partition(
+            joint, inputs, num_fwd_outputs=fwo, memory_budget=budget
+        )
+        outputs, grads = run_partitioned(fw, bw, [x.detach(), w.detach()], [tangent], fwo)
+        torch.testing.assert_close(outputs[0], expected_out.detach())
+        for got, want in zip(grads, expected):
+            torch.testing.assert_close(got, want)

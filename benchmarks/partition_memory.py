@@ -1,0 +1,285 @@
+"""Saved-activation bytes and training-step memory: default partition vs min-cut vs PyTorch.
+
+    python benchmarks/partition_memory.py              # saved bytes on the CPU (joint graphs)
+    python benchmarks/partition_memory.py --gpu        # + peak memory and step time on CUDA
+    python benchmarks/partition_memory.py --small      # tiny sizes, for a smoke run
+
+Part 1 (any machine) captures the joint graph of each model (an MLP with GELU/LayerNorm, a
+transformer block, a small CNN with batch norm) three ways: plain ATen ops (torch's
+aot_function, no decompositions), after Inductor's decompositions (torch's aot_function), and
+after aotforge's own decompositions (aotforge's aot_function, what the ``aotforge`` backend
+partitions). On each joint graph it partitions with our default partition, our min-cut at
+budgets 1 / 0.5 / 0, and PyTorch's own min-cut (torch._functorch.partitioners) at the same
+budgets, and reports the bytes saved for the backward. Parameters are passed as static-
+lifetime inputs to both min-cuts; "act" columns leave parameters out (they stay alive anyway).
+
+Part 2 (``--gpu``) runs a training step (forward + backward with a fixed gradient, gradients
+set to None between steps) and reports the memory held between forward and backward (the saved
+activations, as the allocator sees them), the step's peak memory above the parameters, and
+the median step time, for eager, the ``aotforge`` backend with the default partition and with
+min-cut (budgets 1, 0.5, 0), and torch.compile with Inductor.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import aotforge  # noqa: E402
+import aotforge.partition as partition  # noqa: E402
+from aotforge.partition import default_partition, min_cut_rematerialization_partition  # noqa: E402
+from tests.partition.joints import (  # noqa: E402
+    Case,
+    MLP,
+    SmallCNN,
+    TransformerBlock,
+    capture_joint,
+    saved_nodes,
+)
+
+BUDGETS = (1.0, 0.5, 0.0)
+
+
+def cases(small: bool) -> list[Case]:
+    if small:
+        return [
+            Case("mlp", lambda: MLP(64, 256), (128, 64)),
+            Case("transformer", lambda: TransformerBlock(64, 4), (4, 32, 64)),
+            Case("cnn", lambda: SmallCNN(16), (8, 3, 16, 16)),
+        ]
+    return [
+        Case("mlp", lambda: MLP(1024, 4096), (4096, 1024)),
+        Case("transformer", lambda: TransformerBlock(768, 12), (8, 512, 768)),
+        Case("cnn", lambda: SmallCNN(64), (32, 3, 64, 64)),
+    ]
+
+
+# --- part 1: saved bytes on the joint graphs ---------------------------------------------
+
+
+def _bytes(fw, num_fwd_outputs: int, static: set[str]) -> tuple[int, int]:
+    from aotforge.partition.op_costs import node_bytes
+
+    saved = saved_nodes(fw, num_fwd_outputs)
+    total = sum(node_bytes(n) for n in saved)
+    activations = sum(node_bytes(n) for n in saved if n.name not in static)
+    return total, activations
+
+
+def _torch_min_cut(budget: float):
+    from torch._functorch import config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition as torch_min_cut
+
+    def run(joint, inputs, *, num_fwd_outputs, **kwargs):
+        with functorch_config.patch(activation_memory_budget=budget):
+            return torch_min_cut(joint, inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    return run
+
+
+def _ours(budget: float):
+    def run(joint, inputs, *, num_fwd_outputs, **kwargs):
+        return min_cut_rematerialization_partition(
+            joint, inputs, num_fwd_outputs=num_fwd_outputs, memory_budget=budget, **kwargs
+        )
+
+    return run
+
+
+def _flavors() -> dict:
+    import torch._inductor.lowering  # noqa: F401  (registers ops Inductor's decompositions use)
+    from torch._inductor.decomposition import select_decomp_table
+
+    flavors = {"aten": ("torch", None), "inductor-decomp": ("torch", select_decomp_table())}
+    try:
+        from aotforge.compiler.decompositions import select_decomposition_table
+
+        flavors["aotforge-decomp"] = ("aotforge", select_decomposition_table(None))
+    except Exception as error:  # the compiler's table is optional for this measurement
+        print(f"(aotforge decompositions unavailable: {error!r})")
+    return flavors
+
+
+def saved_bytes_table(small: bool) -> list[dict]:
+    rows = []
+    partitioners = {"default": lambda j, i, **k: default_partition(j, i, num_fwd_outputs=k["num_fwd_outputs"])}
+    for budget in BUDGETS:
+        partitioners[f"ours@{budget:g}"] = _ours(budget)
+        partitioners[f"torch@{budget:g}"] = _torch_min_cut(budget)
+    for flavor, (frontend, table) in _flavors().items():
+        for case in cases(small):
+            try:
+                joint = capture_joint(case, dtype=torch.float32, frontend=frontend, decompositions=table)
+            except Exception as error:
+                print(f"{case.name}/{flavor}: capture FAILED {error!r}")
+                continue
+            num_params = len(joint.primals) - 1
+            primal_names = [
+                n.name for n in joint.module.graph.find_nodes(op="placeholder") if n.name.startswith("primals")
+            ]
+            static = set(primal_names[:num_params])
+            row = {"model": case.name, "graph": flavor}
+            for label, partition_fn in partitioners.items():
+                try:
+                    fw, _ = partition_fn(
+                        joint.module,
+                        joint.inputs,
+                        num_fwd_outputs=joint.num_fwd_outputs,
+                        static_lifetime_input_indices=list(range(num_params)),
+                    )
+                    row[label] = _bytes(fw, joint.num_fwd_outputs, static)
+                except Exception as error:
+                    print(f"{case.name}/{flavor}/{label}: FAILED {error!r}")
+                    row[label] = None
+            rows.append(row)
+            print_bytes_row(row)
+    return rows
+
+
+def _mib(value) -> str:
+    return "FAILED" if value is None else f"{value[1] / 2**20:.2f}"
+
+
+def print_bytes_row(row: dict) -> None:
+    cells = [f"{row['model']:<12}{row['graph']:<16}"]
+    for key in ("default", "ours@1", "torch@1", "ours@0.5", "torch@0.5", "ours@0", "torch@0"):
+        cells.append(f"{_mib(row.get(key)):>10}")
+    print("".join(cells), flush=True)
+
+
+def print_bytes_header() -> None:
+    print("saved activation MiB (parameters excluded), float32")
+    print(
+        f"{'model':<12}{'graph':<16}"
+        + "".join(f"{h:>10}" for h in ("default", "ours@1", "torch@1", "ours@0.5", "torch@0.5", "ours@0", "torch@0"))
+    )
+
+
+# --- part 2: a training step on the GPU ---------------------------------------------------
+
+
+def _compiled(model, mode: str):
+    if mode == "eager":
+        return model
+    if mode == "inductor":
+        return torch.compile(model, backend="inductor")
+    if mode.startswith("aotforge-eager"):
+        fn = default_partition if mode.endswith("default") else min_cut_rematerialization_partition
+        return aotforge.aot_module(model, fw_compiler=aotforge.nop, partition_fn=fn)
+    return torch.compile(model, backend="aotforge")
+
+
+@contextlib.contextmanager
+def _partition_setting(mode: str):
+    """The aotforge backend partitions with min-cut; "aotforge-default" swaps in the default
+    partition, "aotforge@b" sets the memory budget."""
+    if mode == "aotforge-default":
+        with mock.patch.object(partition, "min_cut_rematerialization_partition", default_partition):
+            yield
+    elif mode.startswith("aotforge@"):
+        with aotforge.config.patch(activation_memory_budget=float(mode.split("@")[1])):
+            yield
+    else:
+        yield
+
+
+def train_step_stats(case: Case, mode: str, steps: int) -> dict:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = case.make().cuda()
+    x = torch.randn(case.input_shape, device="cuda")
+    with _partition_setting(mode):
+        step_fn = _compiled(model, mode)
+        grad = None
+
+        def step():
+            nonlocal grad
+            for p in model.parameters():
+                p.grad = None
+            out = step_fn(x)
+            if grad is None:
+                grad = torch.randn_like(out)
+            held = torch.cuda.memory_allocated()
+            out.backward(grad)
+            return held
+
+        for _ in range(3):  # compile and warm up
+            step()
+        torch.cuda.synchronize()
+        for p in model.parameters():
+            p.grad = None
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        held = step() - base
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        times = []
+        for _ in range(steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    times.sort()
+    return {"held_mib": held / 2**20, "peak_mib": peak / 2**20, "ms": times[len(times) // 2]}
+
+
+def gpu_table(small: bool, modes: list[str], steps: int) -> list[dict]:
+    rows = []
+    print("\ntraining step on", torch.cuda.get_device_name(), "float32")
+    print(f"{'model':<12}{'mode':<22}{'held MiB':>10}{'peak MiB':>10}{'ms':>9}")
+    for case in cases(small):
+        for mode in modes:
+            began = time.time()
+            try:
+                stats = train_step_stats(case, mode, steps)
+                line = f"{stats['held_mib']:>10.1f}{stats['peak_mib']:>10.1f}{stats['ms']:>9.3f}"
+            except Exception as error:
+                stats = {"error": repr(error)[:300]}
+                traceback.print_exc(limit=3)
+                line = f"  FAILED {repr(error)[:80]}"
+            stats.update(model=case.name, mode=mode, wall_s=round(time.time() - began, 1))
+            rows.append(stats)
+            print(f"{case.name:<12}{mode:<22}{line}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", action="store_true", help="tiny sizes (smoke run)")
+    parser.add_argument("--gpu", action="store_true", help="also time training steps on CUDA")
+    parser.add_argument("--no-bytes", action="store_true", help="skip part 1")
+    parser.add_argument(
+        "--modes",
+        default="eager,aotforge-default,aotforge,aotforge@0.5,aotforge@0,inductor",
+        help="comma-separated: eager, aotforge-default, aotforge, aotforge@B, "
+        "aotforge-eager-default, aotforge-eager-mincut, inductor",
+    )
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--json", help="write all numbers here")
+    args = parser.parse_args(argv)
+    results: dict = {"torch": torch.__version__}
+    if not args.no_bytes:
+        print_bytes_header()
+        results["saved_bytes"] = saved_bytes_table(args.small)
+    if args.gpu:
+        if not torch.cuda.is_available():
+            raise SystemExit("--gpu needs CUDA; run part 1 alone without --gpu")
+        results["train_step"] = gpu_table(args.small, args.modes.split(","), args.steps)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
