@@ -49,6 +49,23 @@ class _CacheEntry:
         self.run = run
         self.guard = guard
         self.out_spec_cell = out_spec_cell
+        self._unflatten: Optional[Callable] = None
+
+    def unflatten(self, flat_outputs: list):
+        if self._unflatten is None:
+            self._unflatten = _fast_unflatten(self.out_spec_cell[0])
+        return self._unflatten(flat_outputs)
+
+
+def _fast_unflatten(spec) -> Callable:
+    """tree_unflatten for ``spec``, skipping pytree machinery for the common shapes
+    (a single tensor, a flat tuple or list), which matters for per-call overhead."""
+    if spec.is_leaf():
+        return lambda flat: flat[0]
+    children = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
+    if spec.type in (tuple, list) and all(child.is_leaf() for child in children):
+        return tuple if spec.type is tuple else list
+    return lambda flat: pytree.tree_unflatten(flat, spec)
 
 
 def _tensor_key(t: torch.Tensor, dynamic: bool) -> tuple:
@@ -132,15 +149,18 @@ def aot_function(
 
     @functools.wraps(fn)
     def compiled(*args, **kwargs):
-        flat_args, in_spec = pytree.tree_flatten((args, kwargs))
-        key = _signature(flat_args, in_spec, config.dynamic)
+        if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+            # Fast path: positional tensors need no pytree flattening; the arity is the spec.
+            flat_args, spec_key = args, len(args)
+        else:
+            flat_args, spec_key = pytree.tree_flatten((args, kwargs))
+        key = _signature(flat_args, spec_key, config.dynamic)
         for entry in cache:
             if entry.key == key and (entry.guard is None or entry.guard(flat_args)):
                 break
         else:
-            entry = compile_for(flat_args, in_spec, key)
-        flat_outputs = entry.run(flat_args)
-        return pytree.tree_unflatten(flat_outputs, entry.out_spec_cell[0])
+            entry = compile_for(list(flat_args), pytree.tree_flatten((args, kwargs))[1], key)
+        return entry.unflatten(entry.run(flat_args))
 
     compiled._aotforge_cache = cache  # type: ignore[attr-defined]
     return compiled
