@@ -243,3 +243,31 @@ def test_package_does_not_import_the_system_it_rebuilds():
     pattern = re.compile(r"^\s*(from|import)\s+(torch\._functorch|functorch|torch\._inductor)\b|torch\._functorch\.|torch\._inductor\.", re.M)
     offenders = [str(p) for p in root.rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_log_and_dump_dir(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AOTFORGE_LOG", "graphs,metadata")
+    monkeypatch.setenv("AOTFORGE_DUMP_DIR", str(tmp_path))
+    fn = aot_function(lambda x: x.sin() * 2, nop, nop)
+    fn(rand(3)).sum().backward()
+    err = capsys.readouterr().err
+    for name in ("joint", "forward", "backward", "metadata"):
+        assert f"_{name} =====" in err
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert any("joint" in f for f in files) and any("backward" in f for f in files)
+    assert files == sorted(files) and files[0].startswith("000_")
+    joint = next(p for p in tmp_path.iterdir() if "joint" in p.name).read_text()
+    assert "tangents_1" in joint and "aten.sin" in joint
+
+
+def test_non_callable_compiler_is_a_clear_error():
+    with pytest.raises(TypeError, match="fw_compiler must be callable"):
+        aot_function(lambda x: x, "inductor")
+
+
+def test_public_api_aliases():
+    assert aotforge.compiled_function is aotforge.aot_function
+    assert aotforge.compiled_module is aotforge.aot_module
+    boxed = aotforge.make_boxed_func(lambda a, b: (a + b,))
+    assert boxed._boxed_call and boxed([1, 2]) == (3,)
+    assert aotforge.AOTConfig is not None and aotforge.default_partition is not None
