@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+from torch._C._autograd import CreationMeta, _get_creation_meta
 from torch._dispatch.python import enable_python_dispatcher
 
 from .functional import (
@@ -122,6 +123,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
                     requires_grad,
                     base_index=input_index,
                     layout=StridedLayout.of(out),
+                    multi_output_view=_is_multi_output_view(out),
                 )
             )
             continue
@@ -147,6 +149,11 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
                 base_is_user_output=base_is_user_output,
                 layout=StridedLayout.of(out),
                 base_layout=StridedLayout.of(base),
+                multi_output_view=_is_multi_output_view(out),
             )
         )
     return infos, bases
+
+
+def _is_multi_output_view(tensor: torch.Tensor) -> bool:
+    return tensor._is_view() and _get_creation_meta(tensor) == CreationMeta.MULTI_OUTPUT_NODE

@@ -10,6 +10,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.fx as fx
+from torch._C._autograd import CreationMeta, _set_creation_meta
 
 from .boxing import call_compiled
 from .schemas import InputInfo, OutputKind, StridedLayout, ViewAndMutationMeta, symbol_bindings
@@ -86,6 +87,8 @@ def _regenerate_view(base: torch.Tensor, info, bindings: dict) -> torch.Tensor:
         view = base.as_strided(size, stride, offset)
     if view.requires_grad and not info.requires_grad:
         view = view.detach()
+    if info.multi_output_view and view.requires_grad:
+        _set_creation_meta(view, CreationMeta.MULTI_OUTPUT_NODE)
     return view
 
 

@@ -120,6 +120,9 @@ class OutputInfo:
     layout: Optional[StridedLayout] = None
     # The layout the base had at trace time; a compiled base with another layout is an error.
     base_layout: Optional[StridedLayout] = None
+    # Made by a multi-output view op (split, unbind, chunk): eager forbids in-place changes
+    # to such views under grad mode, and so must the regenerated view.
+    multi_output_view: bool = False
 
 
 @dataclasses.dataclass

@@ -252,3 +252,18 @@ def test_dynamic_shapes_with_mutation_and_aliasing():
     for rows in (3, 5):
         verify(f, lambda: (plain(rows, 2), nonleaf(rows, 2).args[0]), compile=lambda _f, _m: fn, modes=("train",))
     assert len(fn._aotforge_cache) == 1
+
+
+@pytest.mark.parametrize("op", ["split", "unbind", "chunk"])
+@pytest.mark.parametrize("of_input", [True, False])
+def test_multi_output_views_reject_inplace_like_eager(op, of_input):
+    from aotforge import aot_function, nop
+
+    views = {"split": lambda t: t.split(2), "unbind": lambda t: t.unbind(0), "chunk": lambda t: t.chunk(2)}[op]
+    fn = (lambda x: views(x)) if of_input else (lambda x: views(x * 2))
+    compiled = aot_function(fn, nop, nop)
+    for f in (fn, compiled):
+        x = leaf(4, 2) * 1.0
+        outputs = f(x)
+        with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+            outputs[0].add_(1)
