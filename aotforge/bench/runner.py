@@ -96,9 +96,7 @@ def compile_module(backend: str, module: torch.nn.Module) -> Callable:
     if backend == "eager":
         return module
     if backend.startswith("aotforge"):
-        from aotforge.backends import register_backends
-
-        register_backends()
+        import aotforge  # noqa: F401  (registers aotforge's backends with Dynamo on import)
     return torch.compile(module, backend=backend)
 
 
