@@ -6,6 +6,9 @@
 """
 from .aot import (
     AOTConfig,
+    GraphSignature,
+    aot_export_joint_simple,
+    aot_export_module,
     aot_function,
     aot_module,
     aot_module_simplified,
@@ -23,6 +26,9 @@ register_backends()
 
 __all__ = [
     "AOTConfig",
+    "GraphSignature",
+    "aot_export_joint_simple",
+    "aot_export_module",
     "aot_function",
     "aot_module",
     "aot_module_simplified",
