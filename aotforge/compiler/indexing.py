@@ -38,7 +38,7 @@ def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     """Fold the pieces that ``split_flat`` produced back together where a contiguous access
     recombines them: ``m*FloorDiv(a, d*m) + ModularIndexing(a, d, m) -> FloorDiv(a, d)`` and
     ``m*ModularIndexing(a, d*m, M) + ModularIndexing(a, d, m) -> ModularIndexing(a, d, m*M)``."""
-    expr = sympy.expand(expr)
+    expr = sympy.expand(_simplify_arguments(expr))
     changed = True
     while changed:
         changed = False
@@ -62,6 +62,14 @@ def simplify_index(expr: sympy.Expr) -> sympy.Expr:
                 break
             if changed:
                 break
+    return expr
+
+
+def _simplify_arguments(expr: sympy.Expr) -> sympy.Expr:
+    if isinstance(expr, (FloorDiv, ModularIndexing)):
+        return expr.func(*[simplify_index(a) for a in expr.args])
+    if expr.args and isinstance(expr, (sympy.Add, sympy.Mul)):
+        return expr.func(*[_simplify_arguments(a) for a in expr.args])
     return expr
 
 

@@ -66,16 +66,20 @@ def texpr(expr: sympy.Expr) -> str:
     if isinstance(expr, sympy.Integer):
         return str(int(expr))
     if isinstance(expr, FloorDiv):
-        return f"({texpr(expr.args[0])} // {texpr(expr.args[1])})"
+        return f"({_atom(expr.args[0])} // {texpr(expr.args[1])})"
     if isinstance(expr, ModularIndexing):
         base, divisor, modulus = expr.args
-        inner = texpr(base) if divisor == 1 else f"({texpr(base)} // {texpr(divisor)})"
+        inner = _atom(base) if divisor == 1 else f"({_atom(base)} // {texpr(divisor)})"
         return f"({inner} % {texpr(modulus)})"
     if isinstance(expr, sympy.Add):
         return " + ".join(texpr(a) for a in sorted(expr.args, key=str))
     if isinstance(expr, sympy.Mul):
         return "*".join(texpr(a) if not isinstance(a, sympy.Add) else f"({texpr(a)})" for a in expr.args)
     raise NotImplementedError(f"cannot print index expression {expr!r} ({type(expr).__name__})")
+
+
+def _atom(expr: sympy.Expr) -> str:
+    return f"({texpr(expr)})" if isinstance(expr, (sympy.Add, sympy.Mul)) else texpr(expr)
 
 
 def _literal(value: Any) -> str:

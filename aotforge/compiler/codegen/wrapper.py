@@ -54,6 +54,8 @@ class WrapperCodegen:
         for buffer in graph.inputs:
             if buffer is not None:
                 self.buffers[buffer.name] = buffer
+        self.namespace.update(graph.constants)
+        self.buffers.update(graph.constant_buffers)
 
     # --- rendering values as Python source ----------------------------------------------
 
@@ -132,6 +134,8 @@ class WrapperCodegen:
                 extern_count += 1
                 self._extern(step)
             for name in plan.frees.get(position, []):
+                if name in graph.constants:
+                    continue  # module-level: nothing to free
                 buffer = self.buffers.get(name)
                 if isinstance(buffer, ComputedBuffer) and name not in no_reuse:
                     freed.append(name)  # kept alive until a buffer of the same size takes it

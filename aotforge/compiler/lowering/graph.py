@@ -35,6 +35,8 @@ class GraphLowering:
         self.input_names: set[str] = set()
         self.outputs: list[Any] = []  # StorageView | python value, per graph output
         self.values: dict[fx.Node, Any] = {}
+        self.constants: dict[str, torch.Tensor] = {}  # get_attr tensors, by buffer name
+        self.constant_buffers: dict[str, InputBuffer] = {}
         self.lowered_ops: dict[str, int] = {}
         self.fallback_ops: dict[str, int] = {}
         self._buffer_names = ir.counter("buf")
@@ -81,6 +83,8 @@ class GraphLowering:
                 self.values[node] = self._placeholder(node)
             elif node.op == "call_function":
                 self.values[node] = self._call_function(node)
+            elif node.op == "get_attr":
+                self.values[node] = self._constant(node)
             elif node.op == "output":
                 self._output(node)
             else:
@@ -97,6 +101,18 @@ class GraphLowering:
         buffer.storage_offset = int(val.storage_offset())
         self.inputs.append(buffer)
         self.input_names.add(buffer.name)
+        return buffer.view()
+
+    def _constant(self, node: fx.Node) -> Any:
+        value = getattr(self.gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            return value
+        name = "constant_" + "".join(c if c.isalnum() else "_" for c in node.target)
+        buffer = InputBuffer(name, Layout(list(ir.sympify_size(value.shape)), list(ir.sympify_size(value.stride()))),
+                             value.dtype, value.device)
+        buffer.storage_offset = int(value.storage_offset())
+        self.constants[name] = value
+        self.constant_buffers[name] = buffer
         return buffer.view()
 
     def _call_function(self, node: fx.Node) -> Any:

@@ -155,8 +155,8 @@ def remove_noops(gm: fx.GraphModule) -> fx.GraphModule:
         if node in returned and (source.op == "placeholder" or source in returned):
             continue
         source_val, node_val = source.meta["val"], node.meta["val"]
-        if node_val.stride() != source_val.stride() and node in returned:
-            continue
+        if node_val.stride() != source_val.stride():
+            continue  # a later view may depend on the copy's layout
         node.replace_all_uses_with(source)
         gm.graph.erase_node(node)
     gm.recompile()
@@ -193,7 +193,7 @@ def constant_fold(gm: fx.GraphModule, max_numel: int = 4096) -> fx.GraphModule:
             continue  # only the last constant of a chain is stored
         name = f"_folded_constant_{folded}"
         folded += 1
-        setattr(gm, name, value)
+        gm.register_buffer(name, value, persistent=False)
         with gm.graph.inserting_before(node):
             replacement = gm.graph.get_attr(name)
         replacement.meta["val"] = node.meta["val"]
