@@ -191,3 +191,9 @@ def test_select_by_suite_and_name():
     assert {w.suite for w in select(workloads, ["micro"])} == {"micro"}
     assert [w.name for w in select(workloads, ["models", "micro"], ["softmax", "mlp"])] == ["softmax", "mlp"]
     assert select(workloads, ["hf"], ["mlp"]) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error given without a GPU")
+def test_asking_for_cuda_without_a_gpu_says_so():
+    with pytest.raises(SystemExit, match="torch sees no CUDA GPU"):
+        main(["--quick", "--device", "cuda", "--workloads", "mlp"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import subprocess
 import sys
@@ -77,6 +78,9 @@ def _device(name: str | None) -> torch.device:
 
 
 def _git_revision() -> str:
+    # A copy without .git (the GPU machine) can be told its revision through the environment.
+    if os.environ.get("AOTFORGE_BENCH_REVISION"):
+        return os.environ["AOTFORGE_BENCH_REVISION"]
     try:
         root = Path(__file__).resolve().parents[2]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
