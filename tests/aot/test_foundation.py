@@ -271,3 +271,16 @@ def test_public_api_aliases():
     boxed = aotforge.make_boxed_func(lambda a, b: (a + b,))
     assert boxed._boxed_call and boxed([1, 2]) == (3,)
     assert aotforge.AOTConfig is not None and aotforge.default_partition is not None
+
+
+def test_torch_compile_dynamic_shapes_with_symint_inputs():
+    torch._dynamo.reset()
+
+    def f(x, w):
+        return F.gelu(x @ w).sum(-1), x.view(-1)[:3]
+
+    compiled = torch.compile(f, backend="aotforge_eager", dynamic=True)
+    w = rand(5, 3)
+    for batch in (4, 7, 9):
+        verify(f, lambda: (rand(batch, 5), w), compile=lambda fn, mode: compiled, modes=("train", "inference"))
+    torch._dynamo.reset()
