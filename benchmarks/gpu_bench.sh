@@ -30,10 +30,10 @@ case "$phase" in
     bench --suite micro --backends eager,inductor --time-budget 100 --json "$OUT/micro.json" "$@" 2>&1 | tee "$OUT/micro.log"
     ;;
   models)
-    bench --suite models,micro --time-budget 500 --json "$OUT/models.json" "$@" 2>&1 | tee "$OUT/models.log"
+    bench --suite models,micro --time-budget 420 --backend-timeout 150 --json "$OUT/models.json" "$@" 2>&1 | tee "$OUT/models.log"
     ;;
   hf)
-    bench --suite hf --time-budget 500 --json "$OUT/hf.json" "$@" 2>&1 | tee "$OUT/hf.log"
+    bench --suite hf --time-budget 420 --backend-timeout 150 --json "$OUT/hf.json" "$@" 2>&1 | tee "$OUT/hf.log"
     ;;
   *)
     echo "unknown phase $phase: validate, models or hf" >&2

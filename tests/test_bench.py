@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -49,11 +50,17 @@ def failing_backend(gm: torch.fx.GraphModule, example_inputs):
     raise RuntimeError("this backend cannot compile anything")
 
 
+def slow_backend(gm: torch.fx.GraphModule, example_inputs):
+    time.sleep(30)
+    return gm.forward
+
+
 TEST_BACKENDS = {
     "bench_test_fx": fx_backend,
     "bench_test_wrong_forward": wrong_forward_backend,
     "bench_test_wrong_backward": wrong_backward_backend,
     "bench_test_failing": failing_backend,
+    "bench_test_slow": slow_backend,
 }
 for _name, _fn in TEST_BACKENDS.items():
     if _name not in _COMPILER_FNS:
@@ -197,3 +204,13 @@ def test_select_by_suite_and_name():
 def test_asking_for_cuda_without_a_gpu_says_so():
     with pytest.raises(SystemExit, match="torch sees no CUDA GPU"):
         main(["--quick", "--device", "cuda", "--workloads", "mlp"])
+
+
+def test_a_backend_past_its_timeout_fails_and_the_run_goes_on():
+    workload = select(load_workloads(), ["micro"], ["softmax"])[0]
+    settings = runner.Settings(torch.device("cpu"), torch.float32, quick=True, repeat=2, backend_timeout=1.0)
+    start = time.monotonic()
+    results = runner.run_all([workload], ["infer"], ["bench_test_slow", "bench_test_fx"], settings, log=lambda m: None)
+    assert time.monotonic() - start < 20
+    assert results[0].status == "FAILED" and "did not finish within 1 s" in results[0].reason
+    assert results[1].status == "OK" and results[1].median_ms > 0

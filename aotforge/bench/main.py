@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
                    help="skip the float64 eager run that measures eager's own error")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="start nothing new after this many seconds; what is left is SKIPPED")
+    p.add_argument("--backend-timeout", type=float, default=None, metavar="SECONDS",
+                   help="FAIL a backend that takes longer than this on one workload and mode")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p
 
@@ -138,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeat=args.repeat if args.repeat is not None else (5 if args.quick else 20),
         float64_reference=args.float64_reference,
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
+        backend_timeout=args.backend_timeout,
     )
     meta = describe_environment(device)
     meta.update(dtype=args.dtype, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,

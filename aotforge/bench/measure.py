@@ -11,11 +11,14 @@ What is measured where:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import signal
 import statistics
+import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -67,6 +70,32 @@ def time_steps(
         step()
         times.append((time.perf_counter() - start) * 1e3)
     return times
+
+
+class OutOfTime(BaseException):
+    """Raised inside a backend's run by :func:`time_limit`. A BaseException, so that compilers
+    that catch Exception to fall back (Dynamo, autotuners) let it through."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Interrupt the block with :class:`OutOfTime` after ``seconds`` (SIGALRM; main thread on
+    Unix only, elsewhere no limit). Python code is interrupted; a long call into C is not."""
+    usable = seconds and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise OutOfTime(f"did not finish within {seconds:g} s (--backend-timeout)")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def median(values: list[float]) -> float:

@@ -47,6 +47,8 @@ class Settings:
     # time.monotonic() after which nothing new starts: the rest is SKIPPED, so that a run
     # under a hard time limit still ends with its table and JSON. None: no limit.
     deadline: float | None = None
+    # Seconds one backend may take on one workload (compile, check, timing); None: no limit.
+    backend_timeout: float | None = None
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -226,6 +228,7 @@ def run_backend(
     eager: dict[str, torch.Tensor | None],
     allowed: dict[str, float],
 ) -> Result:
+    """Compile, check against eager, time; FAILED (never raising) when anything goes wrong."""
     from torch._dynamo.utils import counters
 
     result = Result(workload.name, workload.suite, mode, backend, "OK")
@@ -233,31 +236,43 @@ def run_backend(
     counters.clear()
     release(settings.device)
     try:
-        module, inputs = prepare(case, mode, settings.device, settings.dtype)
-        step = make_step(compile_module(backend, module), module, inputs, mode)
-        out, result.compile_s = measure.time_first_call(step, settings.device)
-        actual = snapshot(out, module, inputs, to_cpu=False)
-        del out
-        if backend != "eager":
-            result.graphs, result.graph_breaks = _graph_counts()
-            result.break_reasons = _break_reasons()
-        result.max_error, mismatch = measure.compare(actual, eager, allowed)
-        del actual
-        if mismatch is not None:
-            result.status, result.reason = "WRONG", str(mismatch)
-            return result
-        with measure.PeakMemory(settings.device) as peak:
-            result.times_ms = measure.time_steps(step, settings.device, settings.warmup, settings.repeat, settings.min_warmup_s)
-        result.median_ms = measure.median(result.times_ms)
-        result.peak_bytes = peak.bytes
-    except Exception as error:  # one backend's failure must not stop the run
+        with measure.time_limit(settings.backend_timeout):
+            _check_and_time(result, case, settings, eager, allowed)
+    except (Exception, measure.OutOfTime) as error:  # one backend's failure must not stop the run
         result.status, result.reason = "FAILED", one_line(error)
         result.traceback = _short_traceback(error)
     finally:
-        step = module = inputs = None  # noqa: F841 (free the compiled module before the next)
         torch._dynamo.reset()
         release(settings.device)
     return result
+
+
+def _check_and_time(
+    result: Result,
+    case: Case,
+    settings: Settings,
+    eager: dict[str, torch.Tensor | None],
+    allowed: dict[str, float],
+) -> None:
+    module, inputs = prepare(case, result.mode, settings.device, settings.dtype)
+    step = make_step(compile_module(result.backend, module), module, inputs, result.mode)
+    out, result.compile_s = measure.time_first_call(step, settings.device)
+    actual = snapshot(out, module, inputs, to_cpu=False)
+    del out
+    if result.backend != "eager":
+        result.graphs, result.graph_breaks = _graph_counts()
+        result.break_reasons = _break_reasons()
+    result.max_error, mismatch = measure.compare(actual, eager, allowed)
+    del actual
+    if mismatch is not None:
+        result.status, result.reason = "WRONG", str(mismatch)
+        return
+    with measure.PeakMemory(settings.device) as peak:
+        result.times_ms = measure.time_steps(
+            step, settings.device, settings.warmup, settings.repeat, settings.min_warmup_s
+        )
+    result.median_ms = measure.median(result.times_ms)
+    result.peak_bytes = peak.bytes
 
 
 # --- the whole run ------------------------------------------------------------------------------
