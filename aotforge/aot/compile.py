@@ -80,11 +80,12 @@ def compile_flat(
             flat_fn, fake_args = transforms[-1].pre_compile(flat_fn, fake_args)
         meta, graph_output_fakes = collect(flat_fn, fake_args)
     debug.artifact("metadata", f"{config.name}_metadata", meta.describe(), suffix=".txt")
+    # A training call whose outputs need no gradient is compiled as inference.
+    meta.is_training = is_training and any(meta.graph_output_requires_grad())
     graph_fn = graph_outputs_fn(flat_fn, meta)
-    if is_training and any(meta.graph_output_requires_grad()):
+    if meta.is_training:
         run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode)
     else:
-        meta.is_training = False
         run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode)
     return apply_post_compile(run, transforms), meta, original_fake_args
 

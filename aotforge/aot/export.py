@@ -45,7 +45,8 @@ from .compile import fake_inputs
 from .input_analysis import alias_groups
 from .metadata import collect_metadata
 from .schemas import OutputKind, ViewAndMutationMeta
-from .trace import graph_outputs_fn, make_tangents, trace, trace_forward, trace_joint
+from .trace import graph_outputs_fn, make_tangents, trace, trace_forward
+from .trace import trace_joint as trace_joint_graph
 
 __all__ = ["BackwardSignature", "GraphSignature", "aot_export_joint_simple", "aot_export_module"]
 
@@ -89,8 +90,8 @@ class GraphSignature:
             lines.append(f"  {name:<16} parameter {fqn}")
         for name, fqn in self.inputs_to_buffers.items():
             lines.append(f"  {name:<16} buffer    {fqn}")
-        for name in self.user_inputs:
-            lines.append(f"  {name:<16} user input")
+        for name, path in zip(self.user_inputs, self._user_input_paths()):
+            lines.append(f"  {name:<16} user input {path}")
         lines.append("graph outputs:")
         mutations = {
             **{k: f"new value of buffer {v}" for k, v in self.buffers_to_mutate.items()},
@@ -100,15 +101,32 @@ class GraphSignature:
         for name, what in mutations.items():
             lines.append(f"  {name:<16} {what}")
         backward = self.backward_signature
-        for index, name in enumerate(self.user_outputs):
+        output_paths = _leaf_paths(self.out_spec, None)
+        for index, (name, path) in enumerate(zip(self.user_outputs, output_paths)):
             loss = " (the loss)" if backward is not None and backward.loss_output == name else ""
-            lines.append(f"  {name:<16} user output {index}{loss}")
+            where = "" if path == f"[{index}]" else f" {path}"
+            lines.append(f"  {name:<16} user output {index}{where}{loss}")
         if backward is not None:
             for name, fqn in backward.gradients_to_parameters.items():
                 lines.append(f"  {name:<16} gradient of parameter {fqn}")
             for name, input_name in backward.gradients_to_user_inputs.items():
                 lines.append(f"  {name:<16} gradient of user input {input_name}")
         return "\n".join(lines)
+
+
+    def _user_input_paths(self) -> list[str]:
+        """``args[0]``, ``kwargs['mask']``: where each user input sits in the module call."""
+        num_state = len(self.parameters) + len(self.buffers)
+        tree = pytree.tree_unflatten(list(range(self.in_spec.num_leaves)), self.in_spec)
+        paths = []
+        for path, index in pytree.tree_flatten_with_path(tree)[0]:
+            if index < num_state:
+                continue
+            if path[0].idx == 0:
+                paths.append(f"args[{path[1].idx - num_state}]" + pytree.keystr(path[2:]))
+            else:
+                paths.append("kwargs" + pytree.keystr(path[1:]))
+        return paths
 
 
 class ExportError(RuntimeError):
@@ -189,7 +207,10 @@ def aot_export_module(
             )
         watch.check()
         out_spec = out_spec_cell[0]
-        output_descriptions = [f"output {path}" for path in _leaf_paths(out_spec, None)]
+        output_descriptions = [
+            f"output {index}" + (f" ({path})" if path != f"[{index}]" else "")
+            for index, path in enumerate(_leaf_paths(out_spec, None))
+        ]
         _check_inputs(fake_args, meta, descriptions, trace_joint)
         graph_fn = _export_outputs_fn(flat_fn, meta)
         if trace_joint:
@@ -255,8 +276,8 @@ def aot_export_joint_simple(
         outputs_shape[:] = [outputs]
         if not isinstance(outputs, (tuple, list)):
             raise ExportError(
-                f"aot_export_joint_simple: func must return a tuple or list of tensors, got "
-                f"{type(outputs).__name__}; return (out,) for a single tensor."
+                "aot_export_joint_simple: func must return a tuple or list of tensors, got "
+                f"{_type_name(outputs)}; return (out,) for a single tensor."
             )
         for index, out in enumerate(outputs):
             if not isinstance(out, torch.Tensor):
@@ -292,10 +313,14 @@ def aot_export_joint_simple(
         graph_fn = graph_outputs_fn(flat_fn, meta)
         if trace_joint:
             tangents = make_tangents(graph_output_fakes, meta)
-            return trace_joint(
+            return trace_joint_graph(
                 graph_fn, fake_args, tangents, meta, decompositions=decompositions, fake_mode=fake_mode
             )
         return trace_forward(graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode)
+
+
+def _type_name(value) -> str:
+    return "a tensor" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
 def _alias_description(info, meta: ViewAndMutationMeta) -> str:
@@ -516,7 +541,7 @@ def _leaf_paths(spec, root_names: Optional[tuple[str, ...]]) -> list[str]:
             head, rest = root_names[path[0].idx], path[1:]
             paths.append(head + pytree.keystr(rest))
         else:
-            paths.append(pytree.keystr(path) or "0")
+            paths.append(pytree.keystr(path) or "the only output")
     return paths
 
 

@@ -76,6 +76,10 @@ CASES = {
         lambda x: (x.detach() * 2, x * 3),
         lambda: (rand(4),),
     ),
+    "dropout_same_rng_stream_as_eager": (
+        lambda x, w: F.dropout(x @ w, p=0.3, training=True).tanh() + torch.rand_like(x @ w),
+        lambda: (rand(6, 4), rand(4, 5)),
+    ),
     "dropout_free_rng_none": (
         lambda x: torch.where(x > 0, x, x * 0.1).cumsum(0),
         lambda: (rand(6),),
