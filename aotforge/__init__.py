@@ -16,7 +16,9 @@ from .aot import (
     compiled_module,
     make_boxed_compiler,
     make_boxed_func,
+    load_exported,
     nop,
+    save_exported,
 )
 from .backends import register_backends
 from .config import config
@@ -38,5 +40,7 @@ __all__ = [
     "default_partition",
     "make_boxed_compiler",
     "make_boxed_func",
+    "load_exported",
     "nop",
+    "save_exported",
 ]

@@ -2,7 +2,15 @@
 with eager's semantics."""
 from .api import aot_function, aot_module, aot_module_simplified, compiled_function, compiled_module
 from .boxing import make_boxed_compiler, make_boxed_func, nop
-from .export import BackwardSignature, ExportError, GraphSignature, aot_export_joint_simple, aot_export_module
+from .export import (
+    BackwardSignature,
+    ExportError,
+    GraphSignature,
+    aot_export_joint_simple,
+    aot_export_module,
+    load_exported,
+    save_exported,
+)
 from .schemas import AOTConfig, OutputKind, ViewAndMutationMeta
 
 __all__ = [
@@ -19,7 +27,9 @@ __all__ = [
     "aot_module_simplified",
     "compiled_function",
     "compiled_module",
+    "load_exported",
     "make_boxed_compiler",
     "make_boxed_func",
     "nop",
+    "save_exported",
 ]
