@@ -73,10 +73,15 @@ def _tensor_key(t: torch.Tensor, dynamic: bool) -> tuple:
     return (t.dtype, t.device, t.requires_grad, t.layout, shape, type(t))
 
 
+def _autocast_state() -> tuple:
+    """Autocast changes which ops a trace records (the casts), so it is part of the key."""
+    return (torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+
+
 def _signature(flat_args: Sequence, in_spec, dynamic: bool) -> tuple:
     """Everything a compiled graph specialized on: shapes (unless dynamic), dtypes, devices,
     requires_grad, non-tensor values, the pytree structure, grad mode and input aliasing."""
-    parts: list[Any] = [in_spec, is_training_call(flat_args)]
+    parts: list[Any] = [in_spec, is_training_call(flat_args), _autocast_state()]
     storages: dict[int, int] = {}
     for arg in flat_args:
         if isinstance(arg, torch.Tensor):

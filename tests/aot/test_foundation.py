@@ -288,3 +288,15 @@ def test_torch_compile_dynamic_shapes_with_symint_inputs():
     for batch in (4, 7, 9):
         verify(f, lambda: (rand(batch, 5), w), compile=lambda fn, mode: compiled, modes=("train", "inference"))
     torch._dynamo.reset()
+
+
+def test_autocast_state_is_part_of_the_signature():
+    f = lambda x, w: (x @ w).relu()
+    fn = aot_function(f, nop, nop)
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(fn(x, w), f(x, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = fn(x, w), f(x, w)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
+    assert len(fn._aotforge_cache) == 2

@@ -267,3 +267,23 @@ def test_multi_output_views_reject_inplace_like_eager(op, of_input):
         outputs = f(x)
         with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
             outputs[0].add_(1)
+
+
+def test_buffer_mutation_through_torch_compile():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = BufferMutator().train()
+    reference = BufferMutator().train()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="aotforge_eager")
+    for step in range(2):
+        x = torch.randn(6, 4, dtype=D)
+        out, expected = compiled(x), reference(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+            torch.testing.assert_close(a, b, msg=lambda m: f"step {step}, {name}: {m}")
+        for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"step {step}, {name}.grad: {m}")
+    torch._dynamo.reset()
