@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_bench.sh validate      # short: every workload at quick sizes, micro at full size
 #   bash benchmarks/gpu_bench.sh models        # full sizes: models + micro suites
 #   bash benchmarks/gpu_bench.sh hf            # full sizes: HF GPT-2, BERT, timm ResNet-50
+#   bash benchmarks/gpu_bench.sh all           # full sizes: every suite in one call
 # Extra arguments go to `python -m aotforge bench`. Results land in $OUT (default bench_out/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +33,14 @@ case "$phase" in
   models)
     bench --suite models,micro --time-budget 420 --backend-timeout 150 --json "$OUT/models.json" "$@" 2>&1 | tee "$OUT/models.log"
     ;;
+  all)
+    bench --time-budget 480 --backend-timeout 120 --json "$OUT/all.json" "$@" 2>&1 | tee "$OUT/all.log"
+    ;;
   hf)
     bench --suite hf --time-budget 420 --backend-timeout 150 --json "$OUT/hf.json" "$@" 2>&1 | tee "$OUT/hf.log"
     ;;
   *)
-    echo "unknown phase $phase: validate, models or hf" >&2
+    echo "unknown phase $phase: validate, models, hf or all" >&2
     exit 2
     ;;
 esac

@@ -21,6 +21,10 @@ def _number(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.{3 if value < 0.1 else 2}f}x"
+
+
 def _row(result: Result) -> list[str]:
     graphs = ""
     if result.graphs is not None:
@@ -33,8 +37,7 @@ def _row(result: Result) -> list[str]:
     median_digits = 3 if result.median_ms is not None and result.median_ms < 10 else 1
     return [
         result.workload, result.mode, result.backend, result.status,
-        _number(result.median_ms, median_digits), _number(result.speedup, 2, "x"),
-        _number(result.vs_inductor, 2, "x"), _number(result.compile_s, 1 if (result.compile_s or 0) >= 1 else 2),
+        _number(result.median_ms, median_digits), _ratio(result.speedup), _ratio(result.vs_inductor), _number(result.compile_s, 1 if (result.compile_s or 0) >= 1 else 2),
         _number(None if result.peak_bytes is None else result.peak_bytes / 2**20, 0),
         graphs, bandwidth, result.reason.replace("|", "/"),
     ]
