@@ -172,6 +172,8 @@ def _compiled(model, mode: str):
         return model
     if mode == "inductor":
         return torch.compile(model, backend="inductor")
+    if mode.startswith("backend:"):  # any torch.compile backend, e.g. backend:aotforge_eager
+        return torch.compile(model, backend=mode.split(":", 1)[1])
     if mode.startswith("aotforge-eager"):
         fn = default_partition if mode.endswith("default") else min_cut_rematerialization_partition
         return aotforge.aot_module(model, fw_compiler=aotforge.nop, partition_fn=fn)
@@ -192,58 +194,85 @@ def _partition_setting(mode: str):
         yield
 
 
-def train_step_stats(case: Case, mode: str, steps: int) -> dict:
+def train_step_stats(case: Case, mode: str, steps: int, device: str = "cuda") -> dict:
+    """Held-after-forward and peak memory (CUDA only) and the median step time."""
+    cuda = device == "cuda"
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = case.make().cuda()
-    x = torch.randn(case.input_shape, device="cuda")
+    model = case.make().to(device)
+    x = torch.randn(case.input_shape, device=device)
     with _partition_setting(mode):
         step_fn = _compiled(model, mode)
         grad = None
 
-        def step():
+        def step() -> int:
             nonlocal grad
             for p in model.parameters():
                 p.grad = None
             out = step_fn(x)
             if grad is None:
                 grad = torch.randn_like(out)
-            held = torch.cuda.memory_allocated()
+            held = torch.cuda.memory_allocated() if cuda else 0
             out.backward(grad)
             return held
 
         for _ in range(3):  # compile and warm up
             step()
-        torch.cuda.synchronize()
+        # gradients against eager, same parameters and input: a fast wrong answer is no answer
+        compiled_grads = [p.grad.clone() for p in model.parameters()]
         for p in model.parameters():
             p.grad = None
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        held = step() - base
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
+        model(x).backward(grad)
+        # one norm over all gradients: a conv bias before batch norm has a gradient of ~0,
+        # whose own relative error means nothing
+        got = torch.cat([g.flatten() for g in compiled_grads])
+        want = torch.cat([p.grad.flatten() for p in model.parameters()])
+        error = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
+        for p in model.parameters():
+            p.grad = None
+        if cuda:
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        held = step()
+        stats = {"grad_rel_err": error}
+        if cuda:
+            torch.cuda.synchronize()
+            stats["held_mib"] = (held - base) / 2**20
+            stats["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         times = []
         for _ in range(steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                began = time.perf_counter()
+                step()
+                times.append((time.perf_counter() - began) * 1000)
     times.sort()
-    return {"held_mib": held / 2**20, "peak_mib": peak / 2**20, "ms": times[len(times) // 2]}
+    stats["ms"] = times[len(times) // 2]
+    return stats
 
 
-def gpu_table(small: bool, modes: list[str], steps: int) -> list[dict]:
+def train_step_table(small: bool, modes: list[str], steps: int, device: str) -> list[dict]:
     rows = []
-    print("\ntraining step on", torch.cuda.get_device_name(), "float32")
-    print(f"{'model':<12}{'mode':<22}{'held MiB':>10}{'peak MiB':>10}{'ms':>9}")
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"\ntraining step on {name}, float32")
+    print(f"{'model':<12}{'mode':<22}{'held MiB':>10}{'peak MiB':>10}{'ms':>9}{'grad err':>10}")
     for case in cases(small):
         for mode in modes:
             began = time.time()
             try:
-                stats = train_step_stats(case, mode, steps)
-                line = f"{stats['held_mib']:>10.1f}{stats['peak_mib']:>10.1f}{stats['ms']:>9.3f}"
+                stats = train_step_stats(case, mode, steps, device)
+                line = (
+                    f"{stats.get('held_mib', float('nan')):>10.1f}"
+                    f"{stats.get('peak_mib', float('nan')):>10.1f}{stats['ms']:>9.3f}"
+                    f"{stats['grad_rel_err']:>10.1e}"
+                )
             except Exception as error:
                 stats = {"error": repr(error)[:300]}
                 traceback.print_exc(limit=3)
@@ -258,28 +287,37 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="tiny sizes (smoke run)")
     parser.add_argument("--gpu", action="store_true", help="also time training steps on CUDA")
+    parser.add_argument(
+        "--cpu-steps", action="store_true", help="time training steps on the CPU (smoke run)"
+    )
     parser.add_argument("--no-bytes", action="store_true", help="skip part 1")
     parser.add_argument(
         "--modes",
         default="eager,aotforge-default,aotforge,aotforge@0.5,aotforge@0,inductor",
         help="comma-separated: eager, aotforge-default, aotforge, aotforge@B, "
-        "aotforge-eager-default, aotforge-eager-mincut, inductor",
+        "aotforge-eager-default, aotforge-eager-mincut (aot_module, graphs run as FX), "
+        "inductor, backend:NAME",
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", help="write all numbers here")
     args = parser.parse_args(argv)
     results: dict = {"torch": torch.__version__}
+
+    def save() -> None:  # after each part, so a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(results, handle, indent=1)
+
     if not args.no_bytes:
         print_bytes_header()
         results["saved_bytes"] = saved_bytes_table(args.small)
-    if args.gpu:
-        if not torch.cuda.is_available():
-            raise SystemExit("--gpu needs CUDA; run part 1 alone without --gpu")
-        results["train_step"] = gpu_table(args.small, args.modes.split(","), args.steps)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
-
+        save()
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("--gpu needs CUDA; run part 1 alone without --gpu")
+    if args.gpu or args.cpu_steps:
+        device = "cuda" if args.gpu else "cpu"
+        results["train_step"] = train_step_table(args.small, args.modes.split(","), args.steps, device)
+        save()
 
 if __name__ == "__main__":
     main()

@@ -436,9 +436,15 @@ def drop_redundant_saves(graph: fx.Graph, info: JointInfo, saved: list[fx.Node])
       (a zero-cost parameter the cut happened to include, say).
     """
     saved_set = set(saved)
-    saved_set = {n for n in saved_set if not _view_of_saved(n, saved_set)}
-    needed = ancestors(info.bwd_outputs, stop=saved_set | set(info.tangents))
-    return [n for n in saved if n in saved_set and n in needed]
+    views = {n for n in saved_set if _view_of_saved(n, saved_set)}
+    kept = saved_set - views
+    for view in views:
+        # the view's other arguments (symbolic sizes) must be computable from what is saved
+        inputs = ancestors([view], stop=kept | set(info.tangents))
+        if any(n.op == "placeholder" and n not in kept for n in inputs):
+            kept.add(view)
+    needed = ancestors(info.bwd_outputs, stop=kept | set(info.tangents))
+    return [n for n in saved if n in kept and n in needed]
 
 
 def _view_of_saved(node: fx.Node, saved: set[fx.Node]) -> bool:
