@@ -160,11 +160,14 @@ def make_step(fn: Callable, module: torch.nn.Module, inputs: tuple, mode: str) -
 
 
 def snapshot(out: object, module: torch.nn.Module, inputs: tuple, to_cpu: bool) -> dict[str, torch.Tensor | None]:
-    """Outputs and (after a training step) gradients, by name, detached."""
+    """Outputs, buffers (BatchNorm's running statistics: a compiled step must update them as
+    eager does) and, after a training step, gradients; by name, detached."""
     values: dict[str, torch.Tensor | None] = {}
     for index, value in enumerate(tree_leaves(out)):
         if isinstance(value, torch.Tensor):
             values[f"output[{index}]"] = value.detach()
+    for name, buffer in module.named_buffers():
+        values[f"buffer {name}"] = buffer.detach()
     if module.training:
         for name, parameter in module.named_parameters():
             values[f"grad {name}"] = parameter.grad
