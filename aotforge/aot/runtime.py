@@ -67,10 +67,7 @@ class Epilogue:
 def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
     """Copy an updated value into the input the user passed, as eager's mutation would."""
     if info.mutations_hidden_from_autograd or info.mutations_under_no_grad:
-        original.detach().copy_(updated)
-    elif not torch.is_grad_enabled():
-        with torch.no_grad():
-            original.copy_(updated)
+        original.detach().copy_(updated)  # bumps the version, records no autograd history
     else:
         original.copy_(updated)
 
