@@ -323,12 +323,11 @@ def _banned(node: fx.Node) -> bool:
 
 
 def _always_banned(node: fx.Node) -> bool:
-    """Never recomputable whatever the budget: random draws, state updates and ops we know
-    nothing about."""
+    """Never recomputable whatever the budget: random draws and ops we know nothing about."""
     return node.op == "call_function" and op_costs.op_kind(node) in NEVER_RECOMPUTED
 
 
-NEVER_RECOMPUTED = (op_costs.RANDOM, op_costs.STATE_UPDATE, op_costs.UNKNOWN)
+NEVER_RECOMPUTED = (op_costs.RANDOM, op_costs.UNKNOWN)
 
 
 def _infinite_path(network: nx.DiGraph) -> str:
@@ -384,8 +383,11 @@ def choose_saved_values(graph: fx.Graph, info: JointInfo, budget: float) -> list
 
 def save_only_inputs(graph: fx.Graph, info: JointInfo) -> list[fx.Node]:
     """Budget 0: save only inputs; recompute everything else, matmuls included. What the
-    never-recomputed ops produce is saved too: random draws cannot be redrawn, training batch
-    norm must not reread running statistics updated after the forward, unknown ops are unknown."""
+    never-recomputed ops produce is saved too: random draws cannot be redrawn, and ops we know
+    nothing about are not replayed.
+
+    A saved input may be one the runtime mutates after the forward (batch norm's running
+    statistics, which a recomputed batch norm reads); the runtime saves a clone of those."""
     saveable = set(info.primals)
     for node in graph.nodes:
         if node in info.live and _always_banned(node):

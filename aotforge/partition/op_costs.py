@@ -18,8 +18,6 @@ about could be slow or have effects, saving it is always correct.
     compute       only under an activation memory budget < 1 (matmul, conv, attention)
     random        never: a second draw would give a different mask (unless the graph uses
                   functionalized RNG, whose philox ops are plain functions of seed and offset)
-    state_update  never: training batch norm reads the running statistics that the runtime
-                  updates in place right after the forward, so the backward must not read them
     unknown       never
 
 ``estimate_flops`` gives the runtime estimate the memory-budget knapsack trades against bytes;
@@ -46,7 +44,6 @@ SYMBOLIC = "symbolic"
 GETITEM = "getitem"
 COMPUTE = "compute"
 RANDOM = "random"
-STATE_UPDATE = "state_update"
 UNKNOWN = "unknown"
 
 # Kinds the min-cut may always move into the backward.
@@ -71,8 +68,9 @@ def _table() -> dict:
         unsqueeze alias as_strided split split_with_sizes unbind chunk narrow diagonal unfold
         view_as_real view_as_complex detach numpy_T""")
     add(REDUCTION, aten, """sum mean amax amin max min var var_mean std std_mean prod logsumexp
-        _softmax _log_softmax native_layer_norm native_group_norm
-        _native_batch_norm_legit _native_batch_norm_legit_no_training argmax argmin any all norm linalg_vector_norm
+        _softmax _log_softmax native_layer_norm native_group_norm native_batch_norm
+        _native_batch_norm_legit _native_batch_norm_legit_functional
+        _native_batch_norm_legit_no_training argmax argmin any all norm linalg_vector_norm
         cumsum max_pool2d_with_indices avg_pool2d adaptive_avg_pool2d _adaptive_avg_pool2d
         _grad_sum_to_size sum_to_size""")
     add(CAST, aten, "_to_copy to type_as clone lift_fresh_copy contiguous")
@@ -86,7 +84,6 @@ def _table() -> dict:
         _scaled_dot_product_cudnn_attention _scaled_dot_product_flash_attention_for_cpu
         _scaled_dot_product_fused_attention_overrideable _flash_attention_forward
         _efficient_attention_forward _scaled_mm upsample_bilinear2d""")
-    add(STATE_UPDATE, aten, "_native_batch_norm_legit_functional native_batch_norm")
     add(RANDOM, aten, """native_dropout bernoulli rand rand_like randn randn_like randint
         randint_like randperm normal uniform exponential multinomial poisson rrelu_with_noise
         _fused_dropout""")
