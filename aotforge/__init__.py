@@ -22,7 +22,16 @@ from .aot import (
 )
 from .backends import register_backends
 from .config import config
-from .partition import default_partition
+from .partition import default_partition, min_cut_rematerialization_partition
+
+
+def compile_fx(model, example_inputs, **kwargs):
+    """The ``aotforge`` torch.compile backend: AOT autograd plus our compiler
+    (see ``aotforge.compiler.compile_fx``)."""
+    from .compiler import compile_fx as _compile_fx
+
+    return _compile_fx(model, example_inputs, **kwargs)
+
 
 register_backends()
 
@@ -36,9 +45,11 @@ __all__ = [
     "aot_module_simplified",
     "compiled_function",
     "compiled_module",
+    "compile_fx",
     "config",
     "default_partition",
     "make_boxed_compiler",
+    "min_cut_rematerialization_partition",
     "make_boxed_func",
     "load_exported",
     "nop",
