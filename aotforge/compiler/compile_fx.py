@@ -103,7 +103,8 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     compiled = _compile_triton(gm, kind)
     last_compile.clear()
     last_compile.update(path="triton", kind=kind, kernels=compiled.kernel_count, externs=compiled.extern_count,
-                        lowered=compiled.lowered, fallbacks=compiled.fallbacks, wrapper=compiled.wrapper_source,
+                        lowered=compiled.lowered, fallbacks=compiled.fallbacks,
+                        lowering_errors=compiled.lowering_errors, wrapper=compiled.wrapper_source,
                         kernel_source=compiled.kernel_source, seconds=time.perf_counter() - started)
     call = compiled.call
     call._boxed_call = True  # type: ignore[attr-defined]
@@ -122,6 +123,7 @@ def _compile_triton(gm: fx.GraphModule, kind: str):
     plan = schedule(graph.operations, output_names)
     compiled = WrapperCodegen(graph, plan, interpreting()).generate()
     compiled.lowered, compiled.fallbacks = dict(graph.lowered_ops), dict(graph.fallback_ops)
+    compiled.lowering_errors = list(graph.lowering_errors)
     debug.artifact("output_code", f"{kind}_kernels", compiled.kernel_source)
     debug.artifact("output_code", f"{kind}_wrapper", compiled.wrapper_source)
     return compiled

@@ -177,6 +177,8 @@ class TritonKernel:
         level = max([self._level_of_index(index)] + [m.level for m in self.masks])
         mask = self._mask(level if level else 0)
         pointer = f"{self._argument(name)} + ({texpr(index)})"
+        if level == 0:  # one element for every lane: a block of shape 1 broadcasts cleanly
+            pointer += f" + tl.zeros({'[1, 1]' if self.is_reduction else '[1]'}, tl.int32)"
         text = f"tl.load({pointer}, {mask}, other=0)" if mask else f"tl.load({pointer})"
         if held_dtype(buffer_dtype) != buffer_dtype:
             text += ".to(tl.float32)"

@@ -14,6 +14,7 @@ import sympy
 import torch
 import torch.fx as fx
 
+from ... import debug
 from .. import ir
 from ..ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Layout, Pointwise,
                   PointwiseBody, ReductionBody, StorageView, Value)
@@ -39,6 +40,7 @@ class GraphLowering:
         self.constant_buffers: dict[str, InputBuffer] = {}
         self.lowered_ops: dict[str, int] = {}
         self.fallback_ops: dict[str, int] = {}
+        self.lowering_errors: list[str] = []
         self._buffer_names = ir.counter("buf")
         self._extern_names = ir.counter("extern")
 
@@ -123,13 +125,18 @@ class GraphLowering:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n])
         name = _op_name(node.target)
         if lowering is not None:
+            emitted = len(self.operations)
             try:
                 with lowering_node(node, self):
                     result = lowering(*args, **kwargs)
                 self.lowered_ops[name] = self.lowered_ops.get(name, 0) + 1
                 return self._maybe_realize(node, result)
             except NotLowerable:
-                pass
+                del self.operations[emitted:]
+            except Exception as error:  # a lowering bug must not fail the compile: use ATen
+                del self.operations[emitted:]
+                self.lowering_errors.append(f"{node.format_node()}: {type(error).__name__}: {error}")
+                debug.artifact("lowering", f"lowering_error_{node.name}", self.lowering_errors[-1], ".txt")
         self.fallback_ops[name] = self.fallback_ops.get(name, 0) + 1
         return self.extern(node, args, kwargs)
 

@@ -185,6 +185,8 @@ def gather(x: Value, dim: int, index_: Value, *, sparse_grad: bool = False) -> V
 
 @register(aten.index_select.default)
 def index_select(x: Value, dim: int, index_: Value) -> Value:
+    if not x.size:
+        raise NotLowerable("index_select of a 0-d tensor")
     dim = normalize_dim(dim, len(x.size))
     load = x.make_loader()
     size = list(x.size)

@@ -21,13 +21,15 @@ def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_typ
            out_dtype: torch.dtype, source_dtype: torch.dtype) -> Value:
     """Reduce ``x`` over ``dims`` (None or [] = all) with ``reduction_type``."""
     rank = len(x.size)
-    dims = sorted({normalize_dim(d, rank) for d in dims}) if dims else list(range(rank))
+    dims = sorted({normalize_dim(d, rank) for d in dims}) if dims and rank else list(range(rank))
     kept = [d for d in range(rank) if d not in dims]
     ranges = [x.size[d] for d in kept]
     reduction_ranges = [x.size[d] for d in dims]
     if int(product(reduction_ranges)) == 0 or int(product(ranges)) == 0:
         raise NotLowerable("empty reductions run as ATen calls")
     load, source = x.make_loader(), x.dtype
+    if int(product(reduction_ranges)) == 1:
+        return _reduce_single(x, dims, kept, keepdim, reduction_type, out_dtype, source_dtype)
 
     def value_at(index, rindex):
         full: list[Any] = [None] * rank
@@ -47,6 +49,25 @@ def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_typ
             stride.insert(d, sympy.Integer(0))
         out = StorageView(out.buffer, size, stride, out.offset)
     return out
+
+
+def _reduce_single(x: Value, dims, kept, keepdim, reduction_type, out_dtype, source_dtype) -> Value:
+    """Reducing one element is elementwise: the element itself (or index 0)."""
+    rank = len(x.size)
+    size = [x.size[d] if d in kept else sympy.Integer(1) for d in range(rank)] if keepdim else [x.size[d] for d in kept]
+    load, source = x.make_loader(), x.dtype
+
+    def fn(index):
+        if reduction_type.startswith("arg"):
+            return ops.constant(0, out_dtype)
+        full = list(index) if keepdim else [sympy.Integer(0)] * rank
+        if not keepdim:
+            for d, i in zip(kept, index):
+                full[d] = i
+        full = [sympy.Integer(0) if d in dims else full[d] for d in range(rank)]
+        value = load(full)
+        return ops.to_dtype(value, out_dtype, source) if out_dtype != source else value
+    return Pointwise(size, out_dtype, x.device, fn)
 
 
 def _dims_arg(dims: Any) -> Optional[list[int]]:
