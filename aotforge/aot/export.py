@@ -112,8 +112,7 @@ class GraphSignature:
         output_paths = _leaf_paths(self.out_spec, None)
         for index, (name, path) in enumerate(zip(self.user_outputs, output_paths)):
             loss = " (the loss)" if backward is not None and backward.loss_output == name else ""
-            where = "" if path == f"[{index}]" else f" {path}"
-            lines.append(f"  {name:<16} user output {index}{where}{loss}")
+            lines.append(f"  {name:<16} user {_output_label(index, path)}{loss}")
         if backward is not None:
             for name, fqn in backward.gradients_to_parameters.items():
                 lines.append(f"  {name:<16} gradient of parameter {fqn}")
@@ -121,6 +120,23 @@ class GraphSignature:
                 lines.append(f"  {name:<16} gradient of user input {input_name}")
         return "\n".join(lines)
 
+
+    def __getstate__(self) -> dict:
+        # Pickle the specs in pytree's own text format where it can (plain containers):
+        # pickled TreeSpec objects trigger deprecation warnings on load in recent torch.
+        state = dict(self.__dict__)
+        for field in ("in_spec", "out_spec"):
+            try:
+                state[field] = ("treespec", pytree.treespec_dumps(state[field]))
+            except Exception:  # custom pytree nodes without a serialization name
+                pass
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for field, value in state.items():
+            if isinstance(value, tuple) and len(value) == 2 and value[0] == "treespec":
+                value = pytree.treespec_loads(value[1])
+            object.__setattr__(self, field, value)
 
     def _user_input_paths(self) -> list[str]:
         """``args[0]``, ``kwargs['mask']``: where each user input sits in the module call."""
@@ -216,8 +232,7 @@ def aot_export_module(
         watch.check()
         out_spec = out_spec_cell[0]
         output_descriptions = [
-            f"output {index}" + (f" ({path})" if path != f"[{index}]" else "")
-            for index, path in enumerate(_leaf_paths(out_spec, None))
+            _output_label(index, path) for index, path in enumerate(_leaf_paths(out_spec, None))
         ]
         _check_inputs(fake_args, meta, descriptions, trace_joint)
         graph_fn = _export_outputs_fn(flat_fn, meta)
@@ -234,6 +249,7 @@ def aot_export_module(
         )
         if trace_joint:
             _check_gradients(gm, fake_args, descriptions)
+    _drop_stale_pytree_specs(gm)
     signature = _graph_signature(
         gm,
         meta,
@@ -321,10 +337,21 @@ def aot_export_joint_simple(
         graph_fn = graph_outputs_fn(flat_fn, meta)
         if trace_joint:
             tangents = make_tangents(graph_output_fakes, meta)
-            return trace_joint_graph(
+            gm = trace_joint_graph(
                 graph_fn, fake_args, tangents, meta, decompositions=decompositions, fake_mode=fake_mode
             )
-        return trace_forward(graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode)
+        else:
+            gm = trace_forward(graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode)
+    return _drop_stale_pytree_specs(gm)
+
+
+def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:
+    """make_fx leaves the pytree specs of its traced function on the module although the
+    graph now takes and returns flat values; pickling them makes torch.load warn."""
+    for name in ("_in_spec", "_out_spec"):
+        if isinstance(gm.__dict__.get(name), pytree.TreeSpec):
+            gm.__dict__[name] = None
+    return gm
 
 
 def _type_name(value) -> str:
@@ -549,8 +576,13 @@ def _leaf_paths(spec, root_names: Optional[tuple[str, ...]]) -> list[str]:
             head, rest = root_names[path[0].idx], path[1:]
             paths.append(head + pytree.keystr(rest))
         else:
-            paths.append(pytree.keystr(path) or "the only output")
+            paths.append(pytree.keystr(path))
     return paths
+
+
+def _output_label(index: int, path: str) -> str:
+    """``output 1``, or ``output 1 (['logits'])`` where the outputs are nested."""
+    return f"output {index}" if path in ("", f"[{index}]") else f"output {index} ({path})"
 
 
 def _node_names(nodes: Sequence) -> list[str]:
