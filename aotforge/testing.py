@@ -239,3 +239,40 @@ def verify(
         for _ in range(calls):
             actual = _observe(compiled, make_inputs, mode, mutate_outputs)
             compare(actual, expected, mode, rtol, atol, check_output_strides)
+
+
+def verify_module(
+    make_module: Callable[[], torch.nn.Module],
+    compile_module: Callable[[torch.nn.Module], Callable],
+    make_input: Callable[[], Any],
+    *,
+    steps: int = 3,
+    lr: Optional[float] = None,
+    rtol: float = 1e-7,
+    atol: float = 1e-7,
+) -> None:
+    """Train two copies of a module side by side, one eagerly and one through
+    ``compile_module``, and compare outputs, every buffer and parameter, and every gradient
+    after each step (with an SGD step of ``lr`` between steps if given)."""
+    torch.manual_seed(0)
+    model = make_module()
+    reference = make_module()
+    reference.load_state_dict(model.state_dict())
+    compiled = compile_module(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (model, reference)] if lr else []
+    for step in range(steps):
+        x = make_input()
+        for opt in optimizers:
+            opt.zero_grad()
+        out, expected = compiled(x), reference(x)
+        torch.testing.assert_close(out, expected, rtol=rtol, atol=atol, msg=lambda m: f"step {step} output: {m}")
+        if not torch.is_grad_enabled() or not expected.requires_grad:
+            continue
+        out.pow(2).sum().backward()
+        expected.pow(2).sum().backward()
+        for opt in optimizers:
+            opt.step()
+        for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"step {step}, {name}: {m}")
+        for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=rtol, atol=atol, msg=lambda m: f"step {step}, {name}.grad: {m}")

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import aotforge
 from aotforge import aot_function, aot_module, make_boxed_compiler, nop
-from aotforge.testing import Inputs, verify
+from aotforge.testing import Inputs, verify, verify_module
 
 D = torch.float64
 
@@ -203,39 +203,24 @@ class SmallNet(nn.Module):
 
 
 def test_aot_module_parameter_gradients():
-    torch.manual_seed(0)
-    model = SmallNet().double()
-    reference = SmallNet().double()
-    reference.load_state_dict(model.state_dict())
-    compiled = aot_module(model, nop, nop)
-    x = torch.randn(5, 6, dtype=D)
-    out = compiled(x)
-    expected = reference(x)
-    torch.testing.assert_close(out, expected)
-    out.pow(2).sum().backward()
-    expected.pow(2).sum().backward()
-    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=lambda m: f"{name}: {m}")
-    assert list(compiled.parameters())  # parameters are reachable for optimizers
+    compiled = []
+
+    def compile_module(model):
+        compiled.append(aot_module(model, nop, nop))
+        return compiled[-1]
+
+    verify_module(lambda: SmallNet().double(), compile_module, lambda: torch.randn(5, 6, dtype=D))
+    assert list(compiled[0].parameters())  # parameters are reachable for optimizers
 
 
 def test_torch_compile_aotforge_eager_training_step():
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = SmallNet().double()
-    reference = SmallNet().double()
-    reference.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend="aotforge_eager")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for step in range(3):
-        x = torch.randn(4, 6, dtype=D)
-        for m, o in ((compiled, opt), (reference, ref_opt)):
-            o.zero_grad()
-            loss = m(x).pow(2).mean()
-            loss.backward()
-            o.step()
-        torch.testing.assert_close(model.fc1.weight, reference.fc1.weight)
+    verify_module(
+        lambda: SmallNet().double(),
+        lambda model: torch.compile(model, backend="aotforge_eager"),
+        lambda: torch.randn(4, 6, dtype=D),
+        lr=0.1,
+    )
     torch._dynamo.reset()
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from aotforge.testing import Inputs, verify
+from aotforge.testing import Inputs, verify, verify_module
 
 D = torch.float64
 
@@ -203,21 +203,11 @@ class BufferMutator(torch.nn.Module):
 def test_aot_module_buffer_mutation(train_mode):
     from aotforge import aot_module, nop
 
-    torch.manual_seed(0)
-    model = BufferMutator().train(train_mode)
-    reference = BufferMutator().train(train_mode)
-    reference.load_state_dict(model.state_dict())
-    compiled = aot_module(model, nop, nop)
-    for step in range(3):
-        x = torch.randn(6, 4, dtype=D)
-        out, expected = compiled(x), reference(x)
-        torch.testing.assert_close(out, expected)
-        out.sum().backward()
-        expected.sum().backward()
-        for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
-            torch.testing.assert_close(a, b, msg=lambda m: f"step {step}, {name}: {m}")
-        for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
-            torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"step {step}, {name}.grad: {m}")
+    verify_module(
+        lambda: BufferMutator().train(train_mode),
+        lambda model: aot_module(model, nop, nop),
+        lambda: torch.randn(6, 4, dtype=D),
+    )
 
 
 def test_kept_inference_mutation_is_a_copy_in_the_graph():
@@ -271,19 +261,9 @@ def test_multi_output_views_reject_inplace_like_eager(op, of_input):
 
 def test_buffer_mutation_through_torch_compile():
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = BufferMutator().train()
-    reference = BufferMutator().train()
-    reference.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend="aotforge_eager")
-    for step in range(2):
-        x = torch.randn(6, 4, dtype=D)
-        out, expected = compiled(x), reference(x)
-        torch.testing.assert_close(out, expected)
-        out.sum().backward()
-        expected.sum().backward()
-        for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
-            torch.testing.assert_close(a, b, msg=lambda m: f"step {step}, {name}: {m}")
-        for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
-            torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"step {step}, {name}.grad: {m}")
+    verify_module(
+        lambda: BufferMutator().train(),
+        lambda model: torch.compile(model, backend="aotforge_eager"),
+        lambda: torch.randn(6, 4, dtype=D),
+    )
     torch._dynamo.reset()
