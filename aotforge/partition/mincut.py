@@ -50,6 +50,7 @@ import torch.fx as fx
 from .. import debug
 from ..config import config
 from . import op_costs
+from .report import format_report, summarize
 from .default import (
     ancestors,
     default_partition,
@@ -91,26 +92,6 @@ class JointInfo:
     distance: dict[fx.Node, int]  # forward node -> hops to the nearest backward user
 
 
-@dataclasses.dataclass
-class PartitionSummary:
-    """What a partition decided, kept on ``fw_module.meta['partition']`` for reports."""
-
-    saved: list[fx.Node]
-    saved_symints: list[fx.Node]
-    recomputed: list[fx.Node]
-    budget: float
-    static_inputs: set[fx.Node]
-
-    @property
-    def saved_bytes(self) -> int:
-        return sum(op_costs.node_bytes(n) for n in self.saved)
-
-    @property
-    def activation_bytes(self) -> int:
-        """Saved bytes, not counting parameters/buffers (which stay alive anyway)."""
-        return sum(op_costs.node_bytes(n) for n in self.saved if n not in self.static_inputs)
-
-
 def min_cut_rematerialization_partition(
     joint_module: fx.GraphModule,
     joint_inputs=None,
@@ -143,17 +124,15 @@ def min_cut_rematerialization_partition(
         joint_module, saved_values, saved_symints, num_fwd_outputs
     )
     bw_module = reorder_backward_for_memory(bw_module)
-    summary = PartitionSummary(
-        saved=saved_values,
-        saved_symints=saved_symints,
-        recomputed=recomputed_nodes(fw_module, bw_module, joint_module),
-        budget=budget,
-        static_inputs=info.static_inputs,
+    summary = summarize(
+        saved_values,
+        saved_symints,
+        recomputed_nodes(fw_module, bw_module, joint_module),
+        budget,
+        info.static_inputs,
     )
     fw_module.meta["partition"] = summary
     if debug.enabled("partition") or debug.dump_dir():
-        from .report import format_report
-
         default_bytes = default_saved_bytes(joint_module, joint_inputs, num_fwd_outputs)
         debug.artifact("partition", "min_cut_report", format_report(summary, default_bytes), ".txt")
         debug.graph_artifact("partition", "min_cut_forward", fw_module)

@@ -1,17 +1,22 @@
 """The partition report: what one graph saves, what its backward recomputes, what it costs.
 
 Printed with ``AOTFORGE_LOG=partition`` (and written to ``AOTFORGE_DUMP_DIR``); usable from
-``aotforge.explain`` through ``explain_partition``. Example::
+``aotforge.explain`` through ``explain_partition``. Example (the MLP of the tests)::
 
-    saved for backward: 3 tensors, 1,152 bytes (default partition: 1,664 bytes, -30.8%)
-      name        shape     dtype    bytes  kind
-      primals_1   (4, 8)    float64    256  parameter
-      add         (4, 8)    float64    256  activation
+    saved for backward: 9 tensors, 2,472 bytes (default partition: 5,696 bytes, -56.6%)
+      of which activations (not parameters/buffers): 1,536 bytes
+      name       shape    dtype    bytes  kind
+      primals_1  (32, 16) float64  4,096  parameter
+      addmm      (8, 32)  float64  2,048  activation
       ...
-    recomputed in backward: 2 ops: gelu (aten.gelu), mul (aten.mul)
+    recomputed in backward: 6 ops: gelu (aten.gelu), native_layer_norm (aten.native_layer_norm), ...
     activation memory budget: 1.0
+
+The summary is plain data (names, shapes, bytes), kept on ``fw_module.meta['partition']``.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.fx as fx
@@ -19,10 +24,52 @@ import torch.fx as fx
 from . import op_costs
 
 
-def _describe(node: fx.Node, static_inputs: set) -> tuple[str, str, str, int, str]:
+@dataclasses.dataclass(frozen=True)
+class SavedTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    kind: str  # parameter (static-lifetime input), input, view or activation
+
+
+@dataclasses.dataclass
+class PartitionSummary:
+    """What a partition decided: saved tensors, saved SymInts, recomputed ops, the budget."""
+
+    saved: list[SavedTensor]
+    saved_symints: list[str]
+    recomputed: list[tuple[str, str]]  # (node name, op name)
+    budget: float
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(t.nbytes for t in self.saved)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Saved bytes, not counting parameters/buffers (which stay alive anyway)."""
+        return sum(t.nbytes for t in self.saved if t.kind != "parameter")
+
+
+def summarize(
+    saved: list[fx.Node],
+    saved_symints: list[fx.Node],
+    recomputed: list[fx.Node],
+    budget: float,
+    static_inputs: set[fx.Node],
+) -> PartitionSummary:
+    return PartitionSummary(
+        saved=[_describe(n, static_inputs) for n in saved],
+        saved_symints=[n.name for n in saved_symints],
+        recomputed=[(n.name, _op_name(n)) for n in recomputed],
+        budget=budget,
+    )
+
+
+def _describe(node: fx.Node, static_inputs: set) -> SavedTensor:
     value = node.meta.get("val")
-    shape = tuple(op_costs.hint(s) for s in value.shape) if isinstance(value, torch.Tensor) else ()
-    dtype = str(value.dtype).replace("torch.", "") if isinstance(value, torch.Tensor) else "-"
+    is_tensor = isinstance(value, torch.Tensor)
     if node in static_inputs:
         kind = "parameter"
     elif node.op == "placeholder":
@@ -31,42 +78,47 @@ def _describe(node: fx.Node, static_inputs: set) -> tuple[str, str, str, int, st
         kind = "view"
     else:
         kind = "activation"
-    return node.name, str(shape), dtype, op_costs.node_bytes(node), kind
-
-
-def format_report(summary, default_bytes: int | None = None, title: str = "") -> str:
-    """Readable text for a ``PartitionSummary`` (``fw_module.meta['partition']``)."""
-    rows = [_describe(n, summary.static_inputs) for n in summary.saved]
-    total = summary.saved_bytes
-    lines = [title] if title else []
-    headline = f"saved for backward: {len(rows)} tensors, {total:,} bytes"
-    if default_bytes is not None:
-        change = (total - default_bytes) / default_bytes * 100 if default_bytes else 0.0
-        headline += f" (default partition: {default_bytes:,} bytes, {change:+.1f}%)"
-    lines.append(headline)
-    lines.append(
-        f"  of which activations (not parameters/buffers): {summary.activation_bytes:,} bytes"
+    return SavedTensor(
+        name=node.name,
+        shape=tuple(op_costs.hint(s) for s in value.shape) if is_tensor else (),
+        dtype=str(value.dtype).replace("torch.", "") if is_tensor else "-",
+        nbytes=op_costs.node_bytes(node),
+        kind=kind,
     )
-    header = ("name", "shape", "dtype", "bytes", "kind")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(5)]
-    for row in [header, *rows]:
-        cells = [str(c).ljust(w) if i != 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  " + "  ".join(cells).rstrip())
-    if summary.saved_symints:
-        lines.append("saved symints: " + ", ".join(n.name for n in summary.saved_symints))
-    recomputed = [n for n in summary.recomputed]
-    names = ", ".join(f"{n.name} ({_op_name(n)})" for n in recomputed) or "nothing"
-    lines.append(f"recomputed in backward: {len(recomputed)} ops: {names}")
-    lines.append(f"activation memory budget: {summary.budget}")
-    return "\n".join(lines) + "\n"
 
 
 def _op_name(node: fx.Node) -> str:
-    target = node.target
-    packet = getattr(target, "overloadpacket", None)
+    packet = getattr(node.target, "overloadpacket", None)
     if packet is not None:
-        return f"aten.{packet.__name__}" if "aten" in str(packet) else str(packet)
-    return getattr(target, "__name__", str(target))
+        namespace = getattr(packet, "_qualified_op_name", "aten::").split("::")[0]
+        return f"{namespace}.{packet.__name__}"
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def format_report(summary: PartitionSummary, default_bytes: int | None = None) -> str:
+    """Readable text for a ``PartitionSummary``; ``default_bytes`` adds the comparison."""
+    headline = f"saved for backward: {len(summary.saved)} tensors, {summary.saved_bytes:,} bytes"
+    if default_bytes is not None:
+        change = (summary.saved_bytes - default_bytes) / default_bytes * 100 if default_bytes else 0.0
+        headline += f" (default partition: {default_bytes:,} bytes, {change:+.1f}%)"
+    lines = [
+        headline,
+        f"  of which activations (not parameters/buffers): {summary.activation_bytes:,} bytes",
+    ]
+    header = ("name", "shape", "dtype", "bytes", "kind")
+    rows = [header] + [
+        (t.name, str(t.shape), t.dtype, f"{t.nbytes:,}", t.kind) for t in summary.saved
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        cells = [c.rjust(w) if i == 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  " + "  ".join(cells).rstrip())
+    if summary.saved_symints:
+        lines.append("saved symints: " + ", ".join(summary.saved_symints))
+    recomputed = ", ".join(f"{name} ({op})" for name, op in summary.recomputed) or "nothing"
+    lines.append(f"recomputed in backward: {len(summary.recomputed)} ops: {recomputed}")
+    lines.append(f"activation memory budget: {summary.budget}")
+    return "\n".join(lines) + "\n"
 
 
 def explain_partition(

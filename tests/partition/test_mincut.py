@@ -219,7 +219,7 @@ def test_parameters_are_free_to_save() -> None:
     joint = joint_for("mlp", "aotforge")  # aotforge passes parameters as static inputs
     fw, _ = partition(joint)
     summary = fw.meta["partition"]
-    assert summary.static_inputs
+    assert any(t.kind == "parameter" for t in summary.saved)
     assert summary.activation_bytes < summary.saved_bytes
 
 
