@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -249,6 +250,7 @@ def aot_export_module(
         )
         if trace_joint:
             _check_gradients(gm, fake_args, descriptions)
+    _guard_constant_inputs(gm, fake_args, descriptions)
     _drop_stale_pytree_specs(gm)
     signature = _graph_signature(
         gm,
@@ -343,6 +345,38 @@ def aot_export_joint_simple(
         else:
             gm = trace_forward(graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode)
     return _drop_stale_pytree_specs(gm)
+
+
+def _guard_constant_inputs(gm: fx.GraphModule, fake_args: Sequence, descriptions: list[str]) -> fx.GraphModule:
+    """Non-tensor inputs (ints, floats, strings) stay graph inputs, as the signature says,
+    but the graph was traced for their export-time values. Assert those values, so that a
+    call with another value fails loudly instead of silently computing with the old one::
+
+        def forward(self, primals_1, primals_2):
+            eq = primals_2 == 2
+            _assert = torch._assert(eq, "... user input args[1] was 2 at export ...")
+    """
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    constants = [
+        (node, value, description)
+        for node, value, description in zip(placeholders, fake_args, descriptions)
+        if isinstance(value, (bool, int, float, str))
+    ]
+    if not constants:
+        return gm
+    with gm.graph.inserting_after(placeholders[-1]):
+        # inserting_after places each new node right after the last placeholder, so insert
+        # in reverse to keep the checks in input order.
+        for node, value, description in reversed(constants):
+            message = (
+                f"this graph was exported with {description} == {value!r}; non-tensor inputs are "
+                "specialized at export time. Export again for another value."
+            )
+            equal = gm.graph.call_function(operator.eq, (node, value))
+            with gm.graph.inserting_after(equal):
+                gm.graph.call_function(torch._assert, (equal, message))
+    gm.recompile()
+    return gm
 
 
 def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:

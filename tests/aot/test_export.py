@@ -289,6 +289,54 @@ def test_parameter_updated_under_no_grad_in_inference_export():
     torch.testing.assert_close(values[name], mod.weight.detach() / mod.weight.detach().norm())
 
 
+def test_tied_weights_get_one_gradient():
+    class TiedEmbedding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(5, 3, dtype=D)
+            self.unembed = nn.Linear(3, 5, bias=False, dtype=D)
+            self.unembed.weight = self.embed.weight
+
+        def forward(self, tokens):
+            hidden = self.embed(tokens)
+            return self.unembed(hidden).logsumexp(-1).mean(), hidden.detach()
+
+    mod = TiedEmbedding()
+    tokens = torch.tensor([1, 2, 3, 1])
+    gm, sig = aot_export_module(mod, (tokens,), trace_joint=True, output_loss_index=0)
+    assert sig.parameters == ["embed.weight"]
+    assert list(sig.backward_signature.gradients_to_parameters.values()) == ["embed.weight"]
+    assert_matches_eager(gm, sig, mod, (tokens,), loss_index=0)
+
+
+def test_outputs_aliasing_inputs_are_graph_outputs():
+    """Unlike the runtime graphs, an exported graph returns views of inputs itself."""
+
+    class Views(_Scaled):
+        def forward(self, x):
+            return x.view(-1)[:4], self.weight, x * self.weight
+
+    mod, x = Views(), f64(2, 3)
+    gm, sig = aot_export_module(mod, (x,), trace_joint=False)
+    values = run_exported(gm, sig, mod, (x,), {})
+    first, weight, _ = (values[n] for n in sig.user_outputs)
+    assert first.data_ptr() == x.data_ptr() and weight is mod.weight
+    assert_matches_eager(gm, sig, mod, (x,))
+
+
+def test_non_tensor_inputs_are_specialized_and_checked():
+    class Scale(nn.Module):
+        def forward(self, x, factor, offset):
+            return x * factor + offset
+
+    x = f64(3)
+    gm, sig = aot_export_module(Scale(), (x,), trace_joint=False, kwargs={"factor": 2, "offset": 0.5})
+    assert len(sig.user_inputs) == 3
+    torch.testing.assert_close(gm(x, 2, 0.5)[0], x * 2 + 0.5)
+    with pytest.raises(AssertionError, match=r"exported with user input kwargs\['factor'\] == 2"):
+        gm(x, 3, 0.5)
+
+
 def test_decompositions_are_applied():
     from torch._decomp import get_decompositions
 
