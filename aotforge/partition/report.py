@@ -3,13 +3,15 @@
 Printed with ``AOTFORGE_LOG=partition`` (and written to ``AOTFORGE_DUMP_DIR``); usable from
 ``aotforge.explain`` through ``explain_partition``. Example (the MLP of the tests)::
 
-    saved for backward: 9 tensors, 2,472 bytes (default partition: 5,696 bytes, -56.6%)
-      of which activations (not parameters/buffers): 1,536 bytes
-      name       shape    dtype    bytes  kind
-      primals_1  (32, 16) float64  4,096  parameter
-      addmm      (8, 32)  float64  2,048  activation
+    saved for backward: 9 tensors, 13,056 bytes (default partition: 18,432 bytes, -29.2%)
+      of which activations (not parameters/buffers): 4,096 bytes
+      name       shape     dtype    bytes  kind
+      primals_1  (32, 16)  float64  4,096  parameter
       ...
-    recomputed in backward: 6 ops: gelu (aten.gelu), native_layer_norm (aten.native_layer_norm), ...
+      primals_9  (8, 16)   float64  1,024  input
+      addmm      (8, 32)   float64  2,048  activation
+      addmm_1    (8, 16)   float64  1,024  activation
+    recomputed in backward: 7 ops: t (aten.t), gelu (aten.gelu), native_layer_norm ...
     activation memory budget: 1.0
 
 The summary is plain data (names, shapes, bytes), kept on ``fw_module.meta['partition']``.
