@@ -203,10 +203,32 @@ def constant_fold(gm: fx.GraphModule, max_numel: int = 4096) -> fx.GraphModule:
     return gm
 
 
+def remove_identity_modules(gm: fx.GraphModule) -> fx.GraphModule:
+    """``nn.Identity()(x)`` -> ``x`` in a torch-level graph."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.Identity):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def remove_unused_lookups(gm: fx.GraphModule) -> fx.GraphModule:
+    """Drop unused ``getitem``/``getattr`` results. General dead code elimination is not safe
+    on a torch-level graph: ``buffer.add_(1)`` has no users and must stay."""
+    import operator
+
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op == "call_function" and node.target in (operator.getitem, getattr) and not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
 def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the torch-level graph Dynamo hands us, before AOT autograd traces it."""
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
+    for graph_pass in (remove_identity_modules, remove_unused_lookups):
+        gm = graph_pass(gm)
     return gm
 
 
