@@ -121,7 +121,6 @@ class GraphSignature:
                 lines.append(f"  {name:<16} gradient of user input {input_name}")
         return "\n".join(lines)
 
-
     def __getstate__(self) -> dict:
         # Pickle the specs in pytree's own text format where it can (plain containers):
         # pickled TreeSpec objects trigger deprecation warnings on load in recent torch.
@@ -239,7 +238,7 @@ def aot_export_module(
         graph_fn = _export_outputs_fn(flat_fn, meta)
         if trace_joint:
             output_loss_index = _check_joint_outputs(
-                meta, output_shapes, out_spec, output_descriptions, output_loss_index
+                meta, output_shapes, output_descriptions, output_loss_index
             )
             graph_fn = _loss_joint_fn(graph_fn, len(meta.mutated_input_indices) + output_loss_index)
         gm = trace(
@@ -295,11 +294,8 @@ def aot_export_joint_simple(
                 "It takes no pytrees or constants: flatten them yourself (pytree.tree_flatten) "
                 "or use aot_export_module, or bind constants into func with functools.partial."
             )
-    outputs_shape: list = []
-
     def flat_fn(*flat):
         outputs = func(*flat)
-        outputs_shape[:] = [outputs]
         if not isinstance(outputs, (tuple, list)):
             raise ExportError(
                 "aot_export_joint_simple: func must return a tuple or list of tensors, got "
@@ -354,7 +350,7 @@ def _guard_constant_inputs(gm: fx.GraphModule, fake_args: Sequence, descriptions
 
         def forward(self, primals_1, primals_2):
             eq = primals_2 == 2
-            _assert = torch._assert(eq, "... user input args[1] was 2 at export ...")
+            _assert = torch._assert(eq, "this graph was exported with user input args[1] == 2; ...")
     """
     placeholders = gm.graph.find_nodes(op="placeholder")
     constants = [
@@ -466,14 +462,15 @@ def _check_inputs(fake_args: Sequence, meta: ViewAndMutationMeta, descriptions: 
 
 
 def _check_joint_outputs(
-    meta: ViewAndMutationMeta, output_shapes: list, out_spec, descriptions: list[str], loss_index: int
+    meta: ViewAndMutationMeta, output_shapes: list, descriptions: list[str], loss_index: int
 ) -> int:
     """Check the outputs of a joint export; return the loss index, made non-negative."""
     outputs = meta.output_info
     if not -len(outputs) <= loss_index < len(outputs):
         raise ExportError(
             f"aot_export_module: output_loss_index={loss_index}, but the module returned "
-            f"{len(outputs)} output(s) ({out_spec}). Pass the index of the scalar loss."
+            f"{len(outputs)} output(s) (after flattening: {', '.join(descriptions)}). Pass the "
+            "index of the scalar loss among them."
         )
     loss_index %= len(outputs)
     loss = f"the loss ({descriptions[loss_index]}, output_loss_index={loss_index})"
