@@ -354,3 +354,19 @@ def test_dynamic_shapes() -> None:
         torch.testing.assert_close(outputs[0], expected_out.detach())
         for got, want in zip(grads, expected):
             torch.testing.assert_close(got, want)
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    joint = joint_for("mlp")
+    with pytest.raises(ValueError, match="num_fwd_outputs=99 but the joint graph returns"):
+        min_cut_rematerialization_partition(joint.module, joint.inputs, num_fwd_outputs=99)
+    with pytest.raises(ValueError, match=r"static_lifetime_input_indices \[42\] are out of range"):
+        min_cut_rematerialization_partition(
+            joint.module, joint.inputs, num_fwd_outputs=1, static_lifetime_input_indices=[42]
+        )
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2)
+    graph.output((x,))
+    with pytest.raises(ValueError, match=r"joint graph inputs \['x'\] are neither primals_N nor tangents_N"):
+        min_cut_rematerialization_partition(fx.GraphModule({}, graph), None, num_fwd_outputs=1)
