@@ -217,3 +217,21 @@ def _register_copy_variants() -> None:
 
 
 _register_copy_variants()
+
+
+@register(aten.repeat.default)
+def repeat(x: Value, repeats: Sequence[int]) -> Value:
+    """Tiling is an index map: element i of a repeated dim reads element i mod size."""
+    repeats = static_ints(repeats)
+    skip = len(repeats) - len(x.size)
+    own = x.size
+    size = [sympy.Integer(r) for r in repeats[:skip]] + [n * r for n, r in zip(own, repeats[skip:])]
+    return remap(x, size, lambda index: [ModularIndexing(index[skip + d], 1, own[d]) if repeats[skip + d] != 1
+                                         else index[skip + d] for d in range(len(own))])
+
+
+@register(aten.flip.default)
+def flip(x: Value, dims: Sequence[int]) -> Value:
+    dims = {normalize_dim(d, len(x.size)) for d in dims}
+    size = x.size
+    return remap(x, size, lambda index: [size[d] - 1 - index[d] if d in dims else index[d] for d in range(len(size))])
