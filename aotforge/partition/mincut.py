@@ -5,8 +5,10 @@ to recompute from a smaller set (``gelu(x)`` from ``x``, which the backward need
 we choose what to save as a minimum cut in a flow network built from the joint graph:
 
 * every node ``n`` becomes an edge ``n.in -> n.out`` whose capacity is the cost of saving
-  ``n`` (its bytes, weighted up the further it is from the backward); data dependencies are
-  infinite edges ``n.out -> user.in``;
+  ``n`` (its bytes, weighted up the further it is from the backward; nothing for values the
+  backward needs anyway: parameters, and inputs a gradient formula reads; a view costs what
+  its base does, and is dropped from the saved set when its base is saved); data
+  dependencies are infinite edges ``n.out -> user.in``;
 * the source feeds the inputs and every op that may not be recomputed (compute-heavy, random,
   unknown), so their values can reach the backward only by being saved;
 * the sink drains everything the backward computes (the tangents and all that depends on
@@ -229,7 +231,12 @@ def save_cost(node: fx.Node, info: JointInfo) -> int | None:
         return SYMINT_COST
     if not isinstance(value, torch.Tensor):
         return None  # tuples (their getitems are saved instead), SymFloats, no value
-    if node in info.static_inputs:
+    if node in info.static_inputs or (
+        node.op == "placeholder" and any(u in info.tangent_closure for u in node.users)
+    ):
+        # Values the backward needs anyway: parameters live as long as the model, and an
+        # input a gradient formula reads is saved whatever the cut; recomputing from them
+        # is free.
         return 0
     # A saved view keeps its base's memory alive, so it is as far from the backward as its
     # base; at equal cost the base is saved (+1), and the backward recomputes the view.
