@@ -180,6 +180,35 @@ def test_batchnorm_round_trip(trace_joint):
     assert mod.bn.num_batches_tracked.item() == 0 and mod.linear.weight.grad is None
 
 
+def test_training_loop_on_the_exported_joint_graph():
+    """What a training compiler would do with the joint graph: three SGD steps driven only by
+    the graph and its signature track eager training (parameters and running statistics)."""
+    torch.manual_seed(0)
+    eager = ConvBatchNorm().to(D)
+    exported = copy.deepcopy(eager)
+    batches = [(f64(4, 2, 5, 5), torch.randint(0, 2, (4,))) for _ in range(3)]
+    gm, sig = aot_export_module(exported, batches[0], trace_joint=True, output_loss_index=0)
+    parameters, buffers = dict(exported.named_parameters()), dict(exported.named_buffers())
+    for x, target in batches:
+        loss, _ = eager(x, target)
+        eager.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for parameter in eager.parameters():
+                parameter -= 0.1 * parameter.grad
+
+        inputs = [*(parameters[n] for n in sig.parameters), *(buffers[n] for n in sig.buffers), x, target]
+        with torch.no_grad():
+            values = dict(zip(output_names(gm), gm(*inputs)))
+            for name, fqn in sig.buffers_to_mutate.items():
+                buffers[fqn].copy_(values[name])
+            for name, fqn in sig.backward_signature.gradients_to_parameters.items():
+                parameters[fqn] -= 0.1 * values[name]
+        torch.testing.assert_close(values[sig.backward_signature.loss_output], loss.detach())
+    for (name, want), got in zip(eager.state_dict().items(), exported.state_dict().values()):
+        torch.testing.assert_close(got, want, msg=name)
+
+
 def test_batchnorm_signature_matches_torch():
     """Same graph and signature as torch's own aot_export_module, up to node names."""
     from torch._functorch.aot_autograd import aot_export_module as torch_export
