@@ -226,6 +226,8 @@ SOURCE, SINK = "source", "sink"
 
 def save_cost(node: fx.Node, info: JointInfo) -> int | None:
     """Capacity of ``node``'s ``in -> out`` edge; None means it cannot be saved at all."""
+    if node.op == "get_attr":
+        return None  # a constant of the module: both graphs read it, nothing to save
     value = node.meta.get("val")
     if isinstance(value, torch.SymInt):
         return SYMINT_COST

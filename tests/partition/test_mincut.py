@@ -370,3 +370,24 @@ def test_bad_arguments_are_clear_errors() -> None:
     graph.output((x,))
     with pytest.raises(ValueError, match=r"joint graph inputs \['x'\] are neither primals_N nor tangents_N"):
         min_cut_rematerialization_partition(fx.GraphModule({}, graph), None, num_fwd_outputs=1)
+
+
+def test_module_constants_are_read_not_saved() -> None:
+    constant = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    graphs = []
+
+    def capture(joint, inputs, **kwargs):
+        fw, bw = min_cut_rematerialization_partition(joint, inputs, **kwargs)
+        graphs.append(fw)
+        return fw, bw
+
+    def f(x):
+        return (x * constant).sin() * constant
+
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    out = aotforge.aot_function(f, aotforge.nop, partition_fn=capture)(x)
+    (grad,) = torch.autograd.grad(out, x, torch.ones(3, dtype=torch.float64))
+    eager_x = x.detach().requires_grad_()
+    (expected,) = torch.autograd.grad(f(eager_x), eager_x, torch.ones(3, dtype=torch.float64))
+    torch.testing.assert_close(grad, expected)
+    assert all(n.op != "get_attr" for n in saved_nodes(graphs[0], 1))
