@@ -258,8 +258,10 @@ def train_step_stats(case: Case, mode: str, steps: int, device: str = "cuda") ->
     return stats
 
 
-def train_step_table(small: bool, modes: list[str], steps: int, device: str) -> list[dict]:
-    rows = []
+def train_step_table(
+    small: bool, modes: list[str], steps: int, device: str, rows: list, save=lambda: None
+) -> list[dict]:
+    """One row per (model, mode), appended to ``rows``; ``save`` runs after each."""
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"\ntraining step on {name}, float32")
     print(f"{'model':<12}{'mode':<22}{'held MiB':>10}{'peak MiB':>10}{'ms':>9}{'grad err':>10}")
@@ -279,6 +281,7 @@ def train_step_table(small: bool, modes: list[str], steps: int, device: str) -> 
                 line = f"  FAILED {repr(error)[:80]}"
             stats.update(model=case.name, mode=mode, wall_s=round(time.time() - began, 1))
             rows.append(stats)
+            save()
             print(f"{case.name:<12}{mode:<22}{line}", flush=True)
     return rows
 
@@ -316,8 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--gpu needs CUDA; run part 1 alone without --gpu")
     if args.gpu or args.cpu_steps:
         device = "cuda" if args.gpu else "cpu"
-        results["train_step"] = train_step_table(args.small, args.modes.split(","), args.steps, device)
-        save()
+        results["train_step"] = []
+        train_step_table(args.small, args.modes.split(","), args.steps, device, results["train_step"], save)
 
 if __name__ == "__main__":
     main()
