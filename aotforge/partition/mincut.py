@@ -62,7 +62,7 @@ from .default import (
     joint_outputs,
     split_with_saved_values,
 )
-from .schedule import reorder_backward_for_memory
+from .schedule import estimate_peak_memory, reorder_backward_for_memory
 
 # Saving a value d nodes from the backward costs bytes * (DISTANCE_SCALE + min(d, DISTANCE_CAP))
 # / DISTANCE_SCALE: a value made early in the forward stays alive through all of it, and a tie
@@ -132,6 +132,7 @@ def min_cut_rematerialization_partition(
         recomputed_nodes(fw_module, bw_module, joint_module),
         budget,
         info.static_inputs,
+        estimate_peak_memory(bw_module),
     )
     fw_module.meta["partition"] = summary
     if debug.enabled("partition") or debug.dump_dir():

@@ -12,6 +12,7 @@ Printed with ``AOTFORGE_LOG=partition`` (and written to ``AOTFORGE_DUMP_DIR``); 
       addmm      (8, 32)   float64  2,048  activation
       addmm_1    (8, 16)   float64  1,024  activation
     recomputed in backward: 7 ops: t (aten.t), gelu (aten.gelu), native_layer_norm ...
+    estimated backward peak: 21,376 bytes
     activation memory budget: 1.0
 
 The summary is plain data (names, shapes, bytes), kept on ``fw_module.meta['partition']``.
@@ -43,6 +44,7 @@ class PartitionSummary:
     saved_symints: list[str]
     recomputed: list[tuple[str, str]]  # (node name, op name)
     budget: float
+    backward_peak_bytes: int = 0  # estimate, freeing each value after its last use
 
     @property
     def saved_bytes(self) -> int:
@@ -60,12 +62,14 @@ def summarize(
     recomputed: list[fx.Node],
     budget: float,
     static_inputs: set[fx.Node],
+    backward_peak_bytes: int = 0,
 ) -> PartitionSummary:
     return PartitionSummary(
         saved=[_describe(n, static_inputs) for n in saved],
         saved_symints=[n.name for n in saved_symints],
         recomputed=[(n.name, _op_name(n)) for n in recomputed],
         budget=budget,
+        backward_peak_bytes=backward_peak_bytes,
     )
 
 
@@ -119,6 +123,7 @@ def format_report(summary: PartitionSummary, default_bytes: int | None = None) -
         lines.append("saved symints: " + ", ".join(summary.saved_symints))
     recomputed = ", ".join(f"{name} ({op})" for name, op in summary.recomputed) or "nothing"
     lines.append(f"recomputed in backward: {len(summary.recomputed)} ops: {recomputed}")
+    lines.append(f"estimated backward peak: {summary.backward_peak_bytes:,} bytes")
     lines.append(f"activation memory budget: {summary.budget}")
     return "\n".join(lines) + "\n"
 

@@ -22,6 +22,7 @@ def test_log_lists_saved_tensors_recomputation_and_totals(monkeypatch, capsys) -
         assert f"  {node.name} " in err
     assert "recomputed in backward:" in err and "aten.gelu" in err
     assert "activation memory budget: 1.0" in err
+    assert "estimated backward peak:" in err
 
 
 def test_explain_partition_reports_the_budget() -> None:
