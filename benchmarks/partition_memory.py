@@ -177,17 +177,22 @@ def _compiled(model, mode: str):
     if mode.startswith("aotforge-eager"):
         fn = default_partition if mode.endswith("default") else min_cut_rematerialization_partition
         return aotforge.aot_module(model, fw_compiler=aotforge.nop, partition_fn=fn)
-    return torch.compile(model, backend="aotforge")
+    return torch.compile(model, backend="aotforge")  # the partitioner: _partition_setting
 
 
 @contextlib.contextmanager
 def _partition_setting(mode: str):
     """The aotforge backend partitions with min-cut; "aotforge-default" swaps in the default
-    partition, "aotforge@b" sets the memory budget."""
+    partition, "aotforge-torch-mincut" PyTorch's min-cut, "...@b" sets the memory budget."""
     if mode == "aotforge-default":
         with mock.patch.object(partition, "min_cut_rematerialization_partition", default_partition):
             yield
-    elif mode.startswith("aotforge@"):
+    elif mode == "aotforge-torch-mincut":
+        from torch._functorch.partitioners import min_cut_rematerialization_partition as torch_min_cut
+
+        with mock.patch.object(partition, "min_cut_rematerialization_partition", torch_min_cut):
+            yield
+    elif "@" in mode:
         with aotforge.config.patch(activation_memory_budget=float(mode.split("@")[1])):
             yield
     else:
@@ -264,7 +269,7 @@ def train_step_table(
     """One row per (model, mode), appended to ``rows``; ``save`` runs after each."""
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"\ntraining step on {name}, float32")
-    print(f"{'model':<12}{'mode':<22}{'held MiB':>10}{'peak MiB':>10}{'ms':>9}{'grad err':>10}")
+    print(f"{'model':<12}{'mode':<26}{'held MiB':>10}{'peak MiB':>10}{'ms':>9}{'grad err':>10}")
     for case in cases(small):
         for mode in modes:
             began = time.time()
@@ -282,7 +287,7 @@ def train_step_table(
             stats.update(model=case.name, mode=mode, wall_s=round(time.time() - began, 1))
             rows.append(stats)
             save()
-            print(f"{case.name:<12}{mode:<22}{line}", flush=True)
+            print(f"{case.name:<12}{mode:<26}{line}", flush=True)
     return rows
 
 
@@ -298,8 +303,8 @@ def main(argv: list[str] | None = None) -> None:
         "--modes",
         default="eager,aotforge-default,aotforge,aotforge@0.5,aotforge@0,inductor",
         help="comma-separated: eager, aotforge-default, aotforge, aotforge@B, "
-        "aotforge-eager-default, aotforge-eager-mincut (aot_module, graphs run as FX), "
-        "inductor, backend:NAME",
+        "aotforge-torch-mincut, aotforge-eager-default, aotforge-eager-mincut[@B] "
+        "(aot_module, graphs run as FX), inductor, backend:NAME",
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", help="write all numbers here")
