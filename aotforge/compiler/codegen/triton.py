@@ -154,6 +154,16 @@ class TritonKernel:
         parts = parts + [m.name for m in self.masks]
         return " & ".join(parts) if parts else None
 
+    def _block_index(self, index: sympy.Expr, level: int) -> str:
+        """The index as a block of the full shape for its level: compiled Triton wants the
+        pointer, the mask and the value of a load or store to have one shape."""
+        if level == 0:
+            return f"{texpr(index)} + tl.zeros({'[1, 1]' if self.is_reduction else '[1]'}, tl.int32)"
+        needed = {XINDEX, RINDEX} if (level == 2 and self.is_reduction) else {XINDEX}
+        if needed <= index.free_symbols:
+            return texpr(index)
+        return f"{texpr(index)} + tl.zeros({self._shape(level)}, tl.int32)"
+
     def _argument(self, name: str) -> str:
         return self.arguments.setdefault(name, name)
 
@@ -176,9 +186,7 @@ class TritonKernel:
         buffer_dtype = self.buffer_dtypes[name]
         level = max([self._level_of_index(index)] + [m.level for m in self.masks])
         mask = self._mask(level if level else 0)
-        pointer = f"{self._argument(name)} + ({texpr(index)})"
-        if level == 0:  # one element for every lane: a block of shape 1 broadcasts cleanly
-            pointer += f" + tl.zeros({'[1, 1]' if self.is_reduction else '[1]'}, tl.int32)"
+        pointer = f"{self._argument(name)} + ({self._block_index(index, level)})"
         text = f"tl.load({pointer}, {mask}, other=0)" if mask else f"tl.load({pointer})"
         if held_dtype(buffer_dtype) != buffer_dtype:
             text += ".to(tl.float32)"
@@ -352,10 +360,7 @@ class TritonKernel:
         if value.level < level or (not self.is_reduction and value.level == 0):
             text = f"tl.broadcast_to({text}, {self._shape(level)})"
         mask = self._mask(level) or "None"
-        pointer = texpr(index)
-        if self._level_of_index(index) < level:  # one address for a block of values: make it a block
-            pointer = f"{pointer} + tl.zeros({self._shape(level)}, tl.int32)"
-        line = f"tl.store({self._argument(buffer.name)} + ({pointer}), {text}, {mask})"
+        line = f"tl.store({self._argument(buffer.name)} + ({self._block_index(index, level)}), {text}, {mask})"
         if after_loop:
             self.loop_after.append(line)
         elif level == 2 and self.loop is not None:
