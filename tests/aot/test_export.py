@@ -209,6 +209,16 @@ def test_training_loop_on_the_exported_joint_graph():
         torch.testing.assert_close(got, want, msg=name)
 
 
+def test_eval_mode_batchnorm_mutates_nothing():
+    torch.manual_seed(0)
+    mod = LinearBatchNorm().to(D).eval()
+    mod.bn.running_mean.normal_()
+    x = f64(8, 6)
+    gm, sig = aot_export_module(mod, (x,), trace_joint=False)
+    assert sig.buffers_to_mutate == {} and len(output_names(gm)) == 2
+    assert_matches_eager(gm, sig, mod, (x,))
+
+
 def test_batchnorm_signature_matches_torch():
     """Same graph and signature as torch's own aot_export_module, up to node names."""
     from torch._functorch.aot_autograd import aot_export_module as torch_export
