@@ -40,6 +40,9 @@ class Config:
     # Reductions over at most this many elements per row keep the whole row in registers
     # (one pass over memory); longer rows loop over it in blocks.
     persistent_reduction_limit: int = 4096
+    # Reductions over at least this many elements, with few outputs, are split into partial
+    # reductions plus a second pass, so that enough programs run in parallel.
+    split_reduction_threshold: int = 4096
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager[None]:
         """Set fields for the duration of a ``with`` block; restore them after."""

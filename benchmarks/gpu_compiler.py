@@ -53,7 +53,13 @@ def copy_bandwidth(dtype) -> float:
 
 
 def _nbytes(values) -> int:
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+    """Bytes of the distinct tensors (an output that is an input, or a view of one, counts once)."""
+    seen, total = set(), 0
+    for v in values:
+        if isinstance(v, torch.Tensor) and (v.data_ptr(), v.numel()) not in seen:
+            seen.add((v.data_ptr(), v.numel()))
+            total += v.numel() * v.element_size()
+    return total
 
 
 def capture_graphs(fn, inputs):
@@ -93,7 +99,7 @@ def measure(name: str, dtype: torch.dtype) -> dict:
         entry = captured[kind]
         args, compiled = entry["args"], entry["compiled"]
         outputs = compiled(list(args))
-        moved = _nbytes(args) + _nbytes(outputs)
+        moved = _nbytes(list(args) + list(outputs))
         ms = median_ms(lambda: compiled(list(args)))
         row[kind] = dict(ms=round(ms, 4), bytes=moved, gbps=round(moved / ms / 1e6, 1), kernels=entry["stats"].get("kernels"),
                          fallbacks=entry["stats"].get("fallbacks"))

@@ -111,6 +111,12 @@ def _fits(group: KernelGroup, buffer: ComputedBuffer, produced_at: dict[str, int
     return True
 
 
+def _sizes(buffer: ComputedBuffer) -> tuple[int, int]:
+    body = buffer.body
+    rnumel = int(product(body.reduction_ranges)) if isinstance(body, ReductionBody) else 1
+    return int(product(body.ranges)), rnumel
+
+
 def _sibling_kind(group: KernelGroup, buffer: ComputedBuffer) -> bool:
     """Kernels that share only inputs fuse when both are elementwise or both reduce; an
     elementwise buffer never rides along with an unrelated reduction."""
@@ -139,7 +145,12 @@ def schedule(operations: list[Any], output_names: set[str]) -> Schedule:
         siblings = sorted({i for i, s in enumerate(steps) if isinstance(s, KernelGroup) and i not in producers
                            and _sibling_kind(s, op) and any(reads & reads_of.get(m.name, set()) for m in s.nodes)},
                           reverse=True)
-        candidates = producers + siblings
+        # independent reductions of the same shape share a launch (the two column sums of a
+        # layer norm's backward)
+        same_shape = [i for i, s in enumerate(steps) if isinstance(s, KernelGroup) and s.is_reduction
+                      and isinstance(op.body, ReductionBody) and i not in producers and i not in siblings
+                      and (s.numel, s.rnumel) == _sizes(op)][-1:]
+        candidates = producers + siblings + same_shape
         chosen = None
         for position in candidates:
             if _fits(steps[position], op, produced_at, readers_after):

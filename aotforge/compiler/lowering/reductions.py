@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import sympy
 import torch
 
+from ...config import config
 from ..ir import Pointwise, StorageView, Value, product
 from ..ops import ops
 from .pointwise import make_pointwise
@@ -40,8 +41,13 @@ def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_typ
         value = load(full)
         return ops.to_dtype(value, source_dtype, source) if source != source_dtype else value
 
-    out = current_graph().add_reduction(ranges, reduction_ranges, reduction_type, value_at,
-                                        source_dtype, out_dtype, x.device)
+    splits = _split_count(int(product(ranges)), int(product(reduction_ranges)), reduction_type)
+    if splits > 1:
+        out = _split_reduction(ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype,
+                               x.device, splits)
+    else:
+        out = current_graph().add_reduction(ranges, reduction_ranges, reduction_type, value_at,
+                                            source_dtype, out_dtype, x.device)
     if keepdim:
         size, stride = list(out.size), list(out.stride)
         for d in dims:
@@ -49,6 +55,53 @@ def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_typ
             stride.insert(d, sympy.Integer(0))
         out = StorageView(out.buffer, size, stride, out.offset)
     return out
+
+
+# combining partial results of a split reduction: how each kind folds its partials
+SPLIT_COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min"}
+
+
+def _split_count(numel: int, rnumel: int, reduction_type: str) -> int:
+    """How many pieces to cut each reduction into. A few long reductions (the column sums of
+    a layer norm's backward: 4096 outputs over 16384 rows each) leave most of a GPU idle; cut
+    into pieces they become many short reductions plus a small second pass."""
+    if reduction_type not in SPLIT_COMBINE or rnumel < config.split_reduction_threshold or numel >= 16384:
+        return 1
+    target = min(128, rnumel // 256, max(1, 65536 // max(numel, 1)))
+    splits = 1
+    while splits * 2 <= target and rnumel % (splits * 2) == 0:
+        splits *= 2
+    return splits
+
+
+def _split_reduction(ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype, device,
+                     splits: int) -> StorageView:
+    """reduce(x) over R elements -> reduce over ``splits`` partials of R/splits elements each::
+
+        partial[s, i] = reduce(value_at(i, r) for r in [s*R/splits, (s+1)*R/splits))
+        out[i] = reduce(partial[s, i] for s)
+    """
+    from ..ir import ModularIndexing, FloorDiv
+
+    rnumel = int(product(reduction_ranges))
+    piece = rnumel // splits
+
+    def partial_value(index, rindex):
+        flat = index[0] * piece + rindex[0]
+        return value_at(index[1:], _unflatten(flat, reduction_ranges))
+    graph = current_graph()
+    partial = graph.add_reduction([sympy.Integer(splits)] + list(ranges), [sympy.Integer(piece)], reduction_type,
+                                  partial_value, source_dtype, source_dtype, device)
+    load = partial.make_loader()
+    _ = (ModularIndexing, FloorDiv)
+    return graph.add_reduction(list(ranges), [sympy.Integer(splits)], SPLIT_COMBINE[reduction_type],
+                               lambda index, rindex: load([rindex[0]] + list(index)), source_dtype, out_dtype, device)
+
+
+def _unflatten(flat, size):
+    from ..indexing import split_flat
+
+    return split_flat(flat, size)
 
 
 def _reduce_single(x: Value, dims, kept, keepdim, reduction_type, out_dtype, source_dtype) -> Value:
