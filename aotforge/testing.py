@@ -74,16 +74,29 @@ class TensorSummary:
     value: torch.Tensor
     stride: tuple
     requires_grad: bool
-    is_leaf: bool
-    has_grad_fn: bool
+    is_leaf: Any  # bool, or the error reading it raised
+    has_grad_fn: Any
 
 
 def _output_summary(value):
     if not isinstance(value, torch.Tensor):
         return value
     return TensorSummary(
-        value.detach().clone(), value.stride(), value.requires_grad, value.is_leaf, value.grad_fn is not None
+        value.detach().clone(),
+        value.stride(),
+        value.requires_grad,
+        _read(lambda: value.is_leaf),
+        _read(lambda: value.grad_fn is not None),
     )
+
+
+def _read(attribute: Callable[[], Any]) -> Any:
+    """An autograd attribute, or the error reading it raised (eager forbids reading them for
+    views whose base was changed in place; the compiled outputs must behave the same)."""
+    try:
+        return attribute()
+    except RuntimeError as error:
+        return f"raises {type(error).__name__}"
 
 
 def _storage(t: torch.Tensor):

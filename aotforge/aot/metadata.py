@@ -22,6 +22,13 @@ from .functional import (
 from .schemas import InputInfo, OutputInfo, OutputKind, StridedLayout, ViewAndMutationMeta
 
 
+_STORAGE_SWAP_MESSAGE = (
+    "aotforge: the function swaps or grows the storage of an input (set_(), or resize_() to a "
+    "larger size); that cannot be replayed on the caller's tensor. Write the result to a new "
+    "tensor and return it instead."
+)
+
+
 def collect_metadata(
     flat_fn: Callable,
     fake_args: Sequence,
@@ -71,6 +78,8 @@ def collect_metadata(
 def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: bool) -> InputInfo:
     if not isinstance(arg, torch.Tensor):
         return InputInfo(is_tensor=False)
+    if torch._functionalize_was_storage_changed(f_arg.elem):
+        raise NotImplementedError(_STORAGE_SWAP_MESSAGE)
     mutates_data = has_data_mutation(f_arg)
     mutates_metadata = has_metadata_mutation(f_arg, arg)
     under_no_grad = mutates_data and mutations_under_no_grad(f_arg)
@@ -86,6 +95,9 @@ def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: b
         and mutates_data
         and not mutates_metadata
     )
+    layout_after = StridedLayout.of(from_functional(f_arg)) if mutates_metadata else None
+    if layout_after is not None and _grows_storage(layout_after, arg):
+        raise NotImplementedError(_STORAGE_SWAP_MESSAGE)
     return InputInfo(
         is_tensor=True,
         requires_grad=bool(arg.requires_grad),
@@ -95,8 +107,17 @@ def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: b
         mutations_under_no_grad=under_no_grad,
         mutations_hidden_from_autograd=hidden,
         mutation_kept_in_graph=keep,
-        layout_after=StridedLayout.of(from_functional(f_arg)) if mutates_metadata else None,
+        layout_after=layout_after,
     )
+
+
+def _grows_storage(layout: StridedLayout, arg: torch.Tensor) -> bool:
+    """True if the new layout reaches past the input's storage (resize_ to a larger size)."""
+    if not layout.is_static or any(s == 0 for s in layout.size):
+        return False
+    last = layout.storage_offset + sum((n - 1) * st for n, st in zip(layout.size, layout.stride))
+    nbytes = arg.untyped_storage().nbytes()
+    return isinstance(nbytes, int) and (last + 1) * arg.element_size() > nbytes
 
 
 def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], list]:

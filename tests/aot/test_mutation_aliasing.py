@@ -9,11 +9,11 @@ D = torch.float64
 
 
 def leaf(*shape):
-    return torch.randn(*shape, dtype=D, requires_grad=True)
+    return torch.randn(tuple(shape), dtype=D, requires_grad=True)
 
 
 def plain(*shape):
-    return torch.randn(*shape, dtype=D)
+    return torch.randn(tuple(shape), dtype=D)
 
 
 def nonleaf(*shape):
@@ -156,6 +156,17 @@ CASES = {
     "overlapping_slices": (lambda x, y: (x.add_(1), y * 2)[1], _overlapping_slices),
     "aliases_out_of_order": (lambda a, o, b: (b.mul_(3), a + 1, o * 2)[1:], _aliases_out_of_order),
     "alias_metadata_mutation": (lambda a, b: (b.unsqueeze_(0), a.mul_(2), b * 1)[-1], _alias_and_view),
+    # --- more shapes of the same contract ------------------------------------------------------
+    "mutation_returns_view": (lambda x: x.mul_(2).view(-1), lambda: nonleaf(2, 3)),
+    "intermediate_view_then_base_mutated": (lambda x: (lambda y: (lambda v: (y.add_(1), v)[1])(y[0]))(x * 2), lambda: nonleaf(2, 3)),
+    "mutate_view_of_input": (lambda x: (x[0].mul_(2), x.sum())[1], lambda: nonleaf(2, 3)),
+    "out_argument": (lambda a, b, x: (torch.add(a, b, out=x), x * 2)[1], lambda: (leaf(3), leaf(3), plain(3))),
+    "same_fresh_output_twice": (lambda x: (lambda y: (y, y))(x * 2), lambda: nonleaf(3)),
+    "detach_output": (lambda x: x.detach(), lambda: nonleaf(3)),
+    "expand_input_returned": (lambda x: x.expand(3, 4), lambda: nonleaf(1, 4)),
+    "mutate_expanded_input_rejected": (lambda x: x.add_(1), lambda: (plain(1, 4).expand(3, 4),)),
+    "zero_size_input": (lambda x: (x * 2, x.sum()), lambda: nonleaf(0, 3)),
+    "scalar_input": (lambda x: (x.mul_(2), x.view(1))[1], lambda: nonleaf()),
     "plain_overlapping_slices": (lambda x, y: (y.mul_(2), x + y[:2])[1], lambda: (lambda b: (b[0:4], b[2:6]))(plain(6))),
 }
 
@@ -267,3 +278,11 @@ def test_buffer_mutation_through_torch_compile():
         lambda: torch.randn(6, 4, dtype=D),
     )
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fn", [lambda x, y: (x.set_(y), x * 2)[1], lambda x, y: (x.resize_(6), x.sum())[1]])
+def test_storage_swaps_on_inputs_are_clear_errors(fn):
+    from aotforge import aot_function, nop
+
+    with pytest.raises((NotImplementedError, RuntimeError), match="aotforge"):
+        aot_function(fn, nop)(plain(3), plain(3))
