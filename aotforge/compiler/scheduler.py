@@ -75,6 +75,19 @@ def write_index(buffer: ComputedBuffer, numel: int, rnumel: int) -> sympy.Expr:
     return store_index(buffer, index)
 
 
+def _reshaped_for(group: KernelGroup, buffer: ComputedBuffer) -> Optional[KernelGroup]:
+    """An elementwise kernel over N*D elements can become a (rows=N, row length=D) kernel, so
+    that a reduction over its rows joins it (the producer of a softmax's input)."""
+    if group.rnumel != 1 or not isinstance(buffer.body, ReductionBody):
+        return None
+    numel, rnumel = _sizes(buffer)
+    if rnumel == 1 or numel * rnumel != group.numel:
+        return None
+    if any(node_indices(n, numel, rnumel) is None or n.mutates is not None for n in group.nodes):
+        return None
+    return KernelGroup(numel, rnumel, group.nodes, group.position, group.name)
+
+
 def _fits(group: KernelGroup, buffer: ComputedBuffer, produced_at: dict[str, int],
           readers_after: dict[str, list[int]]) -> bool:
     body = buffer.body
@@ -155,6 +168,10 @@ def schedule(operations: list[Any], output_names: set[str]) -> Schedule:
         for position in candidates:
             if _fits(steps[position], op, produced_at, readers_after):
                 chosen = steps[position]
+                break
+            reshaped = _reshaped_for(steps[position], op)
+            if reshaped is not None and _fits(reshaped, op, produced_at, readers_after):
+                steps[position] = chosen = reshaped
                 break
         if chosen is None:
             body = op.body

@@ -115,7 +115,8 @@ class WrapperCodegen:
         buffer_dtypes = {name: b.dtype for name, b in self.buffers.items()}
         buffer_numels = {name: b.layout.storage_numel() for name, b in self.buffers.items()}
         freed: list[str] = []  # memory free for reuse: allocated buffers after their last use
-        no_reuse = {n for s in plan.steps if isinstance(s, ExternCall) for n in _extern_arg_names(s)}
+        # an ATen call may return a view of its argument: such arguments keep their memory
+        no_reuse = {n for s in plan.steps if isinstance(s, ExternCall) and _may_alias(s) for n in _extern_arg_names(s)}
         kernel_count = extern_count = 0
         for position, step in enumerate(plan.steps):
             if isinstance(step, KernelGroup):
@@ -190,6 +191,13 @@ class WrapperCodegen:
         code = compile(wrapper_source, f"<aotforge wrapper {id(self)}>", "exec")
         exec(code, namespace)
         return namespace["call"]
+
+
+def _may_alias(call: ExternCall) -> bool:
+    op = call.op
+    if isinstance(op, torch._ops.OpOverload):
+        return any(r.alias_info is not None for r in op._schema.returns)
+    return True
 
 
 def _extern_arg_names(call: ExternCall) -> set[str]:

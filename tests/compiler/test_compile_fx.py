@@ -1,0 +1,59 @@
+"""compile_fx, the torch.compile backend: graph normalizations around AOT autograd."""
+from __future__ import annotations
+
+import torch
+
+import aotforge  # noqa: F401  (registers the backends)
+from aotforge.compiler import compile_fx
+from aotforge.config import config
+
+from .helpers import stats
+
+
+def test_graph_returning_a_single_tensor():
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) * 2)
+    x = torch.randn(5, dtype=torch.float64)
+    with config.patch(triton_on_cpu=True):
+        out = compile_fx(gm, [x])(x)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, torch.relu(x) * 2)
+
+
+def test_nested_list_inputs_are_flattened():
+    class Model(torch.nn.Module):
+        def forward(self, pair, y):
+            return (pair[0] * pair[1] + y,)
+    x = [torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)]
+    y = torch.randn(3, dtype=torch.float64)
+    with config.patch(triton_on_cpu=True):
+        out = compile_fx(Model(), [x, y])(x, y)
+    torch.testing.assert_close(out[0], x[0] * x[1] + y)
+
+
+def test_pytree_codegen_from_dynamo_export():
+    def fn(inputs):
+        return {"sum": inputs["a"] + inputs["b"], "prod": inputs["a"] * inputs["b"]}
+    inputs = {"a": torch.randn(4, dtype=torch.float64), "b": torch.randn(4, dtype=torch.float64)}
+    gm, _ = torch._dynamo.export(fn)(inputs)
+    with config.patch(triton_on_cpu=True):
+        out = compile_fx(gm, [inputs])(inputs)
+    torch.testing.assert_close(out["sum"], inputs["a"] + inputs["b"])
+    torch.testing.assert_close(out["prod"], inputs["a"] * inputs["b"])
+
+
+def test_config_patches_apply_while_compiling_and_running():
+    gm = torch.fx.symbolic_trace(lambda x: (x.exp(),))
+    x = torch.randn(4, dtype=torch.float64)
+    out = compile_fx(gm, [x], config_patches={"triton_on_cpu": True})(x)
+    assert stats()["path"] == "triton"
+    torch.testing.assert_close(out[0], x.exp())
+
+
+def test_backend_registered_with_torch_compile():
+    torch._dynamo.reset()
+    x = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    with config.patch(triton_on_cpu=True):
+        out = torch.compile(lambda x: (x.sin() * x).sum(), backend="aotforge")(x)
+        out.backward()
+    torch.testing.assert_close(x.grad, x.sin() + x * x.cos())
+    assert stats()["path"] == "triton"
