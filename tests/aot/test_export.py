@@ -209,6 +209,18 @@ def test_training_loop_on_the_exported_joint_graph():
         torch.testing.assert_close(got, want, msg=name)
 
 
+def test_frozen_parameters_are_inputs_without_gradients():
+    torch.manual_seed(0)
+    mod = LinearBatchNorm().to(D)
+    mod.linear.weight.requires_grad_(False)
+    x = f64(8, 6)
+    gm, sig = aot_export_module(mod, (x,), trace_joint=True, output_loss_index=0)
+    assert "linear.weight" in sig.inputs_to_parameters.values()
+    assert "linear.weight" not in sig.backward_signature.gradients_to_parameters.values()
+    assert len(output_names(gm)) == 3 + 2 + 3
+    assert_matches_eager(gm, sig, mod, (x,), loss_index=0)
+
+
 def test_eval_mode_batchnorm_mutates_nothing():
     torch.manual_seed(0)
     mod = LinearBatchNorm().to(D).eval()
