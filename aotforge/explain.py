@@ -142,13 +142,25 @@ def explain_text(
     forward, backward = _partition(gm, signature)
     num_forward_outputs = _num_forward_outputs(signature)
     (forward_output,) = forward.graph.find_nodes(op="output")
-    saved = [getattr(n, "name", repr(n)) for n in forward_output.args[0][num_forward_outputs:]]
+    saved = forward_output.args[0][num_forward_outputs:]
+    names = ", ".join(getattr(n, "name", repr(n)) for n in saved) or "nothing"
     sections.append(
         _graph_text(forward, "forward graph (default partition)")
-        + f"saved for the backward: {', '.join(saved) or 'nothing'}\n"
+        + f"saved for the backward ({_saved_size(saved)}): {names}\n"
     )
     sections.append(_graph_text(backward, "backward graph (default partition)"))
     return "\n".join(sections)
+
+
+def _saved_size(saved: Sequence) -> str:
+    """``13 values, 1.9 KiB`` (tensor bytes from each node's fake value)."""
+    total = 0
+    for node in saved:
+        value = node.meta.get("val") if isinstance(node, fx.Node) else None
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+    size = f"{total} B" if total < 1024 else f"{total / 1024:.1f} KiB" if total < 2**20 else f"{total / 2**20:.1f} MiB"
+    return f"{len(saved)} values, {size}"
 
 
 def _num_forward_outputs(signature: GraphSignature) -> int:
