@@ -270,9 +270,13 @@ def aot_export_joint_simple(
     args: Sequence,
     *,
     trace_joint: bool,
+    num_params_buffers: int = 0,
     decompositions: Optional[dict] = None,
 ) -> fx.GraphModule:
     """Export ``func`` without changing its calling convention.
+
+    ``num_params_buffers`` is accepted for compatibility with PyTorch's signature; it only
+    marks leading inputs as static under dynamic shapes there, and export here is static.
 
     ``func`` takes a flat list of tensors and returns a tuple or list of tensors; it must not
     mutate its inputs, and its outputs must not alias its inputs or each other.
