@@ -495,6 +495,24 @@ def test_joint_simple_joint_partitions_to_the_functions_convention():
     torch.testing.assert_close(backward_values[2], want_grads[1])
 
 
+def test_joint_simple_matches_torch():
+    """The same joint graph as PyTorch's aot_export_joint_simple (which takes its primals and
+    tangents as two lists; ours takes them flat, as every aotforge joint does)."""
+    from torch._functorch.aot_autograd import aot_export_joint_simple as torch_export_simple
+
+    args = (f64(3, 3, requires_grad=True), f64(3, 3), f64(3, 2, requires_grad=True))
+    ours = aot_export_joint_simple(_simple, args, trace_joint=True)
+    theirs = torch_export_simple(_simple, args, trace_joint=True)
+
+    def body(gm):
+        return [
+            line.strip() for line in gm.code.strip().splitlines()[1:-1] if "tree_flatten_spec" not in line
+        ]
+
+    assert body(ours) == body(theirs)
+    assert ours.code.strip().splitlines()[-1].strip() == "return (mul, relu, detach_1, add, None, mm_1)"
+
+
 # ---------------------------------------------------------------------------------------------
 # Restrictions: each error names what is wrong and says what to do
 
