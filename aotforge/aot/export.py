@@ -211,7 +211,7 @@ def aot_export_module(
     ]
     out_spec_cell: list = [None]
     output_shapes: list = []
-    watch = _AssignmentWatch(mod, state_names)
+    watch = _AssignmentWatch(mod)
 
     def flat_fn(*flat):
         state = dict(zip(state_names, flat[:num_state]))
@@ -526,10 +526,9 @@ class _AssignmentWatch:
       place for it (and eager would keep it on the module between calls).
     The module is left exactly as it was (no fake tensors left on it)."""
 
-    def __init__(self, mod: nn.Module, state_names: list[str]):
+    def __init__(self, mod: nn.Module):
         self.mod = mod
-        self.state_names = state_names
-        self.buffer_names = {name for name, _ in mod.named_buffers()}
+        self.buffer_names = [name for name, _ in mod.named_buffers()]
         self.assigned: list[str] = []
 
     def _tensor_attributes(self) -> dict[tuple[str, str], Any]:
