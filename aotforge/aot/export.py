@@ -42,6 +42,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from .. import debug
 from .compile import fake_inputs
 from .input_analysis import alias_groups
 from .metadata import collect_metadata
@@ -262,6 +263,9 @@ def aot_export_module(
         loss_index=output_loss_index if trace_joint else None,
         fake_args=fake_args,
     )
+    name = f"{type(mod).__name__}_export_{'joint' if trace_joint else 'inference'}"
+    debug.graph_artifact("graphs", name, gm)
+    debug.artifact("graphs", f"{name}_signature", signature.describe(), suffix=".txt")
     return gm, signature
 
 

@@ -443,6 +443,14 @@ def test_save_and_reload(tmp_path):
         torch.testing.assert_close(value, reference[name])
 
 
+def test_export_is_logged_under_graphs(capsys, monkeypatch):
+    monkeypatch.setenv("AOTFORGE_LOG", "graphs")
+    aot_export_module(LinearBatchNorm().to(D), (f64(8, 6),), trace_joint=True, output_loss_index=0)
+    err = capsys.readouterr().err
+    assert "aotforge graphs: LinearBatchNorm_export_joint =====" in err
+    assert "LinearBatchNorm_export_joint_signature" in err and "buffer    bn.running_mean" in err
+
+
 def test_signature_describe_names_every_input_and_output():
     mod = LinearBatchNorm().to(D)
     gm, sig = aot_export_module(mod, (f64(8, 6),), trace_joint=True, output_loss_index=0)
