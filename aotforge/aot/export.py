@@ -348,6 +348,8 @@ def aot_export_joint_simple(
             )
         else:
             gm = trace_forward(graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode)
+    name = getattr(func, "__name__", "function")
+    debug.graph_artifact("graphs", f"{name}_export_simple_{'joint' if trace_joint else 'inference'}", gm)
     return _drop_stale_pytree_specs(gm)
 
 
