@@ -6,6 +6,7 @@ the reduced elements of each output)::
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import sympy
@@ -34,6 +35,7 @@ def split_flat(flat: sympy.Expr, size: Sequence[sympy.Expr]) -> list[sympy.Expr]
     return list(reversed(out))
 
 
+@functools.lru_cache(maxsize=65536)
 def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     """Fold the pieces that ``split_flat`` produced back together where a contiguous access
     recombines them: ``m*FloorDiv(a, d*m) + ModularIndexing(a, d, m) -> FloorDiv(a, d)`` and
