@@ -41,6 +41,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from .. import debug
 from .compile import fake_inputs
@@ -225,7 +226,7 @@ def aot_export_module(
 
     fake_mode, fake_args = fake_inputs(flat_args, dynamic=False)
     grad_context = torch.enable_grad() if trace_joint else torch.no_grad()
-    with grad_context, watch.restoring():
+    with grad_context, watch.restoring(), _data_dependence_is_an_export_error("aot_export_module"):
         with fake_mode:
             meta, _ = collect_metadata(
                 flat_fn, fake_args, is_training=trace_joint, keep_inference_input_mutations=False
@@ -321,7 +322,7 @@ def aot_export_joint_simple(
     fake_mode, fake_args = fake_inputs(list(args), dynamic=False)
     decompositions = dict(decompositions or {})
     grad_context = torch.enable_grad() if trace_joint else torch.no_grad()
-    with grad_context:
+    with grad_context, _data_dependence_is_an_export_error("aot_export_joint_simple"):
         with fake_mode:
             meta, graph_output_fakes = collect_metadata(
                 flat_fn, fake_args, is_training=trace_joint, keep_inference_input_mutations=False
@@ -392,6 +393,22 @@ def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:
         if isinstance(gm.__dict__.get(name), pytree.TreeSpec):
             gm.__dict__[name] = None
     return gm
+
+
+@contextlib.contextmanager
+def _data_dependence_is_an_export_error(api: str):
+    """Tracing runs on fake tensors, which have shapes but no values: turn fake tensor's terse
+    ``aten._local_scalar_dense.default`` into an error that says what to change."""
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException) as error:
+        raise ExportError(
+            f"{api}: the forward depends on the values inside a tensor ({error}), as .item(), "
+            "a Python `if` or `while` on a tensor, or an op whose output shape depends on the "
+            "data (nonzero, masked_select, unique) do. Export traces with shapes only: use "
+            "tensor ops instead (torch.where, masking by multiplication), or pass the value "
+            "as a Python number argument. The traceback below shows the line."
+        ) from error
 
 
 def _type_name(value) -> str:

@@ -599,6 +599,18 @@ class UnusedParameter(_Scaled):
         return (x * self.weight).sum()
 
 
+class ValueDependentBranch(_Scaled):
+    def forward(self, x):
+        if x.sum() > 0:
+            return (x * self.weight).sum()
+        return x.sum()
+
+
+class DataDependentShape(_Scaled):
+    def forward(self, x):
+        return (x[x > 0] * 2).sum() + self.weight.sum()
+
+
 def _export(mod, x=None, **kwargs):
     x = f64(2, 3) if x is None else x
     return lambda: aot_export_module(mod, (x,), **kwargs)
@@ -654,6 +666,18 @@ RESTRICTIONS = {
     "parameter without a gradient": (
         _export(UnusedParameter(), **JOINT),
         ["parameter 'unused' requires grad but the loss does not depend on it"],
+    ),
+    "python branch on a tensor value": (
+        _export(ValueDependentBranch(), trace_joint=False),
+        ["depends on the values inside a tensor", "torch.where"],
+    ),
+    "output shape that depends on data": (
+        _export(DataDependentShape(), **JOINT),
+        ["depends on the values inside a tensor", "nonzero, masked_select"],
+    ),
+    "simple: data-dependent value": (
+        lambda: aot_export_joint_simple(lambda x: (x * x.max().item(),), (f64(2),), trace_joint=False),
+        ["aot_export_joint_simple: the forward depends on the values inside a tensor"],
     ),
     "simple: pytree input": (
         lambda: aot_export_joint_simple(lambda xs: (xs[0] * 2,), ([f64(2)],), trace_joint=False),
