@@ -407,7 +407,7 @@ def _data_dependence_is_an_export_error(api: str):
             "a Python `if` or `while` on a tensor, or an op whose output shape depends on the "
             "data (nonzero, masked_select, unique) do. Export traces with shapes only: use "
             "tensor ops instead (torch.where, masking by multiplication), or pass the value "
-            "as a Python number argument. The traceback below shows the line."
+            "as a Python number argument. The traceback of the cause shows the line."
         ) from error
 
 
