@@ -90,7 +90,12 @@ def load_model(spec: str) -> nn.Module:
         raise UsageError(f"--model {spec!r}: {path!r} is not a Python file")
     source = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = source  # dataclasses and pickling look modules up by name
-    loader_spec.loader.exec_module(source)
+    # The file may import its neighbours (``from layers import Block``), as when run as a script.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        loader_spec.loader.exec_module(source)
+    finally:
+        sys.path.pop(0)
     if not hasattr(source, name):
         available = sorted(
             n for n, v in vars(source).items()

@@ -104,6 +104,18 @@ def test_usage_errors(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_model_file_may_import_its_neighbours(tmp_path, capsys):
+    (tmp_path / "layers.py").write_text(
+        "import torch\nclass Scale(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.weight = torch.nn.Parameter(torch.ones(3))\n"
+        "    def forward(self, x):\n        return x * self.weight\n"
+    )
+    (tmp_path / "model.py").write_text("from layers import Scale\n\ndef build():\n    return Scale()\n")
+    code, out, _ = run_main(capsys, "--model", f"{tmp_path / 'model.py'}:build", "--input", "2x3")
+    assert code == 0 and "parameter weight" in out
+
+
 def test_model_errors(capsys):
     with pytest.raises(SystemExit):
         main(["--model", f"{EXAMPLE}:Missing", "--input", "2x16"])
