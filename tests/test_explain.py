@@ -1,6 +1,7 @@
 """``python -m aotforge explain``: loads a model from a file, exports it and prints the
 signature and graphs. The example models live in tests/explain_example.py."""
 import os
+import sys
 
 import pytest
 import torch
@@ -112,7 +113,10 @@ def test_model_file_may_import_its_neighbours(tmp_path, capsys):
         "    def forward(self, x):\n        return x * self.weight\n"
     )
     (tmp_path / "model.py").write_text("from layers import Scale\n\ndef build():\n    return Scale()\n")
-    code, out, _ = run_main(capsys, "--model", f"{tmp_path / 'model.py'}:build", "--input", "2x3")
+    try:
+        code, out, _ = run_main(capsys, "--model", f"{tmp_path / 'model.py'}:build", "--input", "2x3")
+    finally:
+        sys.modules.pop("layers", None)
     assert code == 0 and "parameter weight" in out
 
 
