@@ -50,18 +50,23 @@ def parse_input(spec: str, default_dtype: torch.dtype) -> torch.Tensor:
     (default 2)."""
     parts = spec.split(":")
     if len(parts) > 3 or not parts[0]:
-        raise UsageError(f"--input {spec!r}: expected SHAPE[:DTYPE[:HIGH]], e.g. 8x16 or 8:int64:100")
+        raise UsageError(
+            f"--input {spec!r}: expected SHAPE[:DTYPE[:HIGH]], e.g. 8x16 or 8:int64:100"
+        )
     shape_text, dtype_text, high_text = (parts + [None, None])[:3]
     try:
         shape = () if shape_text == "scalar" else tuple(int(size) for size in shape_text.split("x"))
     except ValueError:
         raise UsageError(
-            f"--input {spec!r}: the shape {shape_text!r} is not sizes joined by 'x' (e.g. 8x16) or 'scalar'"
+            f"--input {spec!r}: the shape {shape_text!r} is not sizes joined by 'x' "
+            "(e.g. 8x16) or 'scalar'"
         ) from None
     if any(size < 0 for size in shape):
         raise UsageError(f"--input {spec!r}: sizes must not be negative")
     if dtype_text is not None and dtype_text not in DTYPES:
-        raise UsageError(f"--input {spec!r}: unknown dtype {dtype_text!r}; choose one of {', '.join(DTYPES)}")
+        raise UsageError(
+            f"--input {spec!r}: unknown dtype {dtype_text!r}; choose one of {', '.join(DTYPES)}"
+        )
     dtype = DTYPES[dtype_text] if dtype_text is not None else default_dtype
     if dtype.is_floating_point:
         if high_text is not None:
@@ -84,7 +89,8 @@ def load_model(spec: str) -> nn.Module:
         raise UsageError(f"--model {spec!r}: expected path/to/file.py:ClassName")
     if not os.path.isfile(path):
         raise UsageError(f"--model {spec!r}: no such file {path!r}")
-    module_name = "_aotforge_explain_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
+    safe_path = "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
+    module_name = "_aotforge_explain_" + safe_path
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     if loader_spec is None or loader_spec.loader is None:
         raise UsageError(f"--model {spec!r}: {path!r} is not a Python file")
@@ -102,12 +108,15 @@ def load_model(spec: str) -> nn.Module:
             if isinstance(v, type) and issubclass(v, nn.Module) and v.__module__ == module_name
         )
         raise UsageError(
-            f"--model {spec!r}: {path!r} defines no {name!r}; modules defined there: {', '.join(available) or 'none'}"
+            f"--model {spec!r}: {path!r} defines no {name!r}; modules defined there: "
+            f"{', '.join(available) or 'none'}"
         )
     factory = getattr(source, name)
     model = factory() if callable(factory) and not isinstance(factory, nn.Module) else factory
     if not isinstance(model, nn.Module):
-        raise UsageError(f"--model {spec!r}: {name}() returned a {type(model).__name__}, not an nn.Module")
+        raise UsageError(
+            f"--model {spec!r}: {name}() returned a {type(model).__name__}, not an nn.Module"
+        )
     return model
 
 
@@ -164,7 +173,12 @@ def _saved_size(saved: Sequence) -> str:
         value = node.meta.get("val") if isinstance(node, fx.Node) else None
         if isinstance(value, torch.Tensor):
             total += value.numel() * value.element_size()
-    size = f"{total} B" if total < 1024 else f"{total / 1024:.1f} KiB" if total < 2**20 else f"{total / 2**20:.1f} MiB"
+    if total < 1024:
+        size = f"{total} B"
+    elif total < 2**20:
+        size = f"{total / 1024:.1f} KiB"
+    else:
+        size = f"{total / 2**20:.1f} MiB"
     return f"{len(saved)} values, {size}"
 
 
@@ -177,7 +191,9 @@ def _num_forward_outputs(signature: GraphSignature) -> int:
     )
 
 
-def _partition(gm: fx.GraphModule, signature: GraphSignature) -> tuple[fx.GraphModule, fx.GraphModule]:
+def _partition(
+    gm: fx.GraphModule, signature: GraphSignature
+) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Split the export joint into forward and backward. It has no tangent inputs (the loss
     gradient is a constant one), so the backward takes only what the forward saves."""
     return default_partition(gm, None, num_fwd_outputs=_num_forward_outputs(signature))
@@ -188,18 +204,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m aotforge explain",
         description="Export a model with aot_export_module and print its graphs and signature.",
     )
-    parser.add_argument("--model", required=True, help="path/to/file.py:ClassName (or a function returning a module)")
+    parser.add_argument(
+        "--model", required=True,
+        help="path/to/file.py:ClassName (or a function returning a module)",
+    )
     parser.add_argument(
         "--input",
         action="append",
         default=[],
         metavar="SHAPE[:DTYPE[:HIGH]]",
-        help="one positional input, e.g. 8x16, scalar, or 8:int64:100 (random ints below 100); repeat per input",
+        help="one positional input, e.g. 8x16, scalar, or 8:int64:100 (random ints below "
+        "100); repeat per input",
     )
-    parser.add_argument("--dtype", default="float32", choices=[n for n, d in DTYPES.items() if d.is_floating_point],
-                        help="dtype of the model and of float inputs (default float32)")
-    parser.add_argument("--joint", action="store_true", help="export the joint forward+backward graph of a loss")
-    parser.add_argument("--loss-index", type=int, default=None, help="with --joint: which output is the scalar loss")
+    parser.add_argument(
+        "--dtype", default="float32",
+        choices=[n for n, d in DTYPES.items() if d.is_floating_point],
+        help="dtype of the model and of float inputs (default float32)",
+    )
+    parser.add_argument(
+        "--joint", action="store_true", help="export the joint forward+backward graph of a loss"
+    )
+    parser.add_argument(
+        "--loss-index", type=int, default=None, help="with --joint: which output is the scalar loss"
+    )
     parser.add_argument("--eval", action="store_true", help="put the model in eval mode first")
     parser.add_argument("--seed", type=int, default=0, help="random seed for the model and inputs")
     return parser
@@ -209,7 +236,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     options = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if options.joint and options.loss_index is None:
-        parser.error("--joint needs --loss-index N, the index of the model's output that is the scalar loss")
+        parser.error(
+            "--joint needs --loss-index N, the index of the model's output that is the scalar loss"
+        )
     if options.loss_index is not None and not options.joint:
         parser.error("--loss-index applies only with --joint")
     dtype = DTYPES[options.dtype]

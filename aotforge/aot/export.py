@@ -219,7 +219,9 @@ def aot_export_module(
         state = dict(zip(state_names, flat[:num_state]))
         call_args, call_kwargs = pytree.tree_unflatten(list(flat[num_state:]), user_spec)
         with watch.active(state):
-            outputs = torch.func.functional_call(mod, state, call_args, call_kwargs, tie_weights=True)
+            outputs = torch.func.functional_call(
+                mod, state, call_args, call_kwargs, tie_weights=True
+            )
         flat_outputs, out_spec_cell[0] = pytree.tree_flatten(outputs)
         output_shapes[:] = [o.shape if isinstance(o, torch.Tensor) else None for o in flat_outputs]
         return flat_outputs
@@ -329,11 +331,13 @@ def aot_export_joint_simple(
             )
         for index, info in enumerate(meta.input_info):
             if info.mutates_data or info.mutates_metadata:
-                kind = "data (an in-place op)" if info.mutates_data else "metadata (t_, unsqueeze_, ...)"
+                kind = "data (an in-place op)"
+                if not info.mutates_data:
+                    kind = "metadata (t_, unsqueeze_, ...)"
                 raise ExportError(
                     f"aot_export_joint_simple: func mutates the {kind} of input {index}. It must "
-                    "not mutate inputs: compute on a copy (x = x.clone()) or use aot_export_module, "
-                    "whose graph returns updated inputs as extra outputs."
+                    "not mutate inputs: compute on a copy (x = x.clone()) or use "
+                    "aot_export_module, whose graph returns updated inputs as extra outputs."
                 )
         for index, info in enumerate(meta.output_info):
             if info.kind is not OutputKind.NOT_ALIAS:
@@ -345,16 +349,21 @@ def aot_export_joint_simple(
         if trace_joint:
             tangents = make_tangents(graph_output_fakes, meta)
             gm = trace_joint_graph(
-                graph_fn, fake_args, tangents, meta, decompositions=decompositions, fake_mode=fake_mode
+                graph_fn, fake_args, tangents, meta,
+                decompositions=decompositions, fake_mode=fake_mode,
             )
         else:
-            gm = trace_forward(graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode)
-    name = getattr(func, "__name__", "function")
-    debug.graph_artifact("graphs", f"{name}_export_simple_{'joint' if trace_joint else 'inference'}", gm)
+            gm = trace_forward(
+                graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode
+            )
+    kind = "joint" if trace_joint else "inference"
+    debug.graph_artifact("graphs", f"{getattr(func, '__name__', 'function')}_export_{kind}", gm)
     return _drop_stale_pytree_specs(gm)
 
 
-def _guard_constant_inputs(gm: fx.GraphModule, fake_args: Sequence, descriptions: list[str]) -> fx.GraphModule:
+def _guard_constant_inputs(
+    gm: fx.GraphModule, fake_args: Sequence, descriptions: list[str]
+) -> fx.GraphModule:
     """Non-tensor inputs (ints, floats, strings) stay graph inputs, as the signature says,
     but the graph was traced for their export-time values. Assert those values, so that a
     call with another value fails loudly instead of silently computing with the old one::
@@ -460,7 +469,9 @@ def _loss_joint_fn(graph_fn: Callable, loss_position: int) -> Callable:
 # Restrictions
 
 
-def _check_inputs(fake_args: Sequence, meta: ViewAndMutationMeta, descriptions: list[str], trace_joint: bool) -> None:
+def _check_inputs(
+    fake_args: Sequence, meta: ViewAndMutationMeta, descriptions: list[str], trace_joint: bool
+) -> None:
     for info, description in zip(meta.input_info, descriptions):
         if info.mutates_metadata:
             raise ExportError(
@@ -529,7 +540,9 @@ def _check_gradients(gm: fx.GraphModule, fake_args: Sequence, descriptions: list
     """Every input that requires grad must reach the loss: a missing gradient has no place
     among the graph's outputs (and eager would leave its .grad as None, not zero)."""
     (output_node,) = gm.graph.find_nodes(op="output")
-    requiring_grad = [i for i, a in enumerate(fake_args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    requiring_grad = [
+        i for i, a in enumerate(fake_args) if isinstance(a, torch.Tensor) and a.requires_grad
+    ]
     gradients = output_node.args[0][len(output_node.args[0]) - len(requiring_grad) :]
     for index, gradient in zip(requiring_grad, gradients):
         if gradient is None:
@@ -575,8 +588,8 @@ class _AssignmentWatch:
                     continue
                 if current.shape != traced.shape or current.dtype != traced.dtype:
                     raise ExportError(
-                        f"aot_export_module: the forward reassigns buffer {name!r} with a tensor of "
-                        f"shape {tuple(current.shape)} and dtype {current.dtype}, but it was "
+                        f"aot_export_module: the forward reassigns buffer {name!r} with a tensor "
+                        f"of shape {tuple(current.shape)} and dtype {current.dtype}, but it was "
                         f"registered with shape {tuple(traced.shape)} and dtype {traced.dtype}. "
                         "A buffer may only be updated with a value of the same shape and dtype."
                     )
@@ -595,7 +608,8 @@ class _AssignmentWatch:
     @contextlib.contextmanager
     def restoring(self):
         """Put back every plain attribute of every submodule as it was before the export."""
-        saved = [(module, dict(vars(module))) for _, module in self.mod.named_modules(remove_duplicate=False)]
+        modules = [module for _, module in self.mod.named_modules(remove_duplicate=False)]
+        saved = [(module, dict(vars(module))) for module in modules]
         try:
             yield
         finally:
