@@ -33,7 +33,8 @@ def graph_inputs(mod: nn.Module, args: tuple, kwargs: dict) -> list:
 def run_exported(gm, signature: GraphSignature, mod: nn.Module, args: tuple, kwargs: dict) -> dict:
     """Run the graph on the module's state; name each output value."""
     flat = graph_inputs(mod, args, kwargs)
-    assert pytree.tree_structure(((*flat[: len(flat) - len(pytree.tree_leaves((args, kwargs)))], *args), kwargs)) == signature.in_spec
+    state = flat[: len(flat) - len(pytree.tree_leaves((args, kwargs)))]
+    assert pytree.tree_structure(((*state, *args), kwargs)) == signature.in_spec
     with torch.no_grad():
         values = gm(*flat)
     names = output_names(gm)
@@ -41,18 +42,24 @@ def run_exported(gm, signature: GraphSignature, mod: nn.Module, args: tuple, kwa
     return dict(zip(names, values))
 
 
+def fresh_copy(value):
+    """A new leaf with the same value and requires_grad (tensors); anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    return value
+
+
+def loss_at(index, trace_joint: bool) -> dict:
+    """The export arguments for a joint with the loss at ``index``, or an inference export."""
+    return {"trace_joint": trace_joint, "output_loss_index": index if trace_joint else None}
+
+
 def assert_matches_eager(gm, signature, mod, args, kwargs=None, loss_index=None, rtol=1e-7, atol=1e-9):
     """The exported graph reproduces eager's outputs, buffer/input updates and gradients."""
     kwargs = kwargs or {}
     eager_mod = copy.deepcopy(mod)
-    eager_args, eager_kwargs = pytree.tree_map(
-        lambda t: t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t,
-        (args, kwargs),
-    )
-    graph_args, graph_kwargs = pytree.tree_map(
-        lambda t: t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t,
-        (args, kwargs),
-    )
+    eager_args, eager_kwargs = pytree.tree_map(fresh_copy, (args, kwargs))
+    graph_args, graph_kwargs = pytree.tree_map(fresh_copy, (args, kwargs))
     expected = eager_mod(*eager_args, **eager_kwargs)
     if loss_index is not None:
         pytree.tree_leaves(expected)[loss_index].backward()
@@ -75,7 +82,8 @@ def assert_matches_eager(gm, signature, mod, args, kwargs=None, loss_index=None,
     flat_eager_inputs = pytree.tree_leaves((eager_args, eager_kwargs))
     user_input_index = {name: i for i, name in enumerate(signature.user_inputs)}
     for name, input_name in signature.user_inputs_to_mutate.items():
-        torch.testing.assert_close(values[name], flat_eager_inputs[user_input_index[input_name]].detach())
+        want = flat_eager_inputs[user_input_index[input_name]].detach()
+        torch.testing.assert_close(values[name], want)
 
     if loss_index is not None:
         backward = signature.backward_signature
@@ -164,7 +172,7 @@ def test_batchnorm_round_trip(trace_joint):
     torch.manual_seed(0)
     mod = LinearBatchNorm().to(D)
     x = f64(8, 6)
-    gm, sig = aot_export_module(mod, (x,), trace_joint=trace_joint, output_loss_index=0 if trace_joint else None)
+    gm, sig = aot_export_module(mod, (x,), **loss_at(0, trace_joint))
     assert sig.parameters == ["linear.weight", "linear.bias", "bn.weight", "bn.bias"]
     assert sig.buffers == ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
     assert sorted(sig.buffers_to_mutate.values()) == sorted(sig.buffers)
@@ -197,7 +205,8 @@ def test_training_loop_on_the_exported_joint_graph():
             for parameter in eager.parameters():
                 parameter -= 0.1 * parameter.grad
 
-        inputs = [*(parameters[n] for n in sig.parameters), *(buffers[n] for n in sig.buffers), x, target]
+        state = [*(parameters[n] for n in sig.parameters), *(buffers[n] for n in sig.buffers)]
+        inputs = [*state, x, target]
         with torch.no_grad():
             values = dict(zip(output_names(gm), gm(*inputs)))
             for name, fqn in sig.buffers_to_mutate.items():
@@ -247,13 +256,18 @@ def test_batchnorm_signature_matches_torch():
 
     for field in ("parameters", "buffers"):
         assert getattr(our_sig, field) == getattr(their_sig, field)
-    for field, op in (("inputs_to_parameters", "input"), ("inputs_to_buffers", "input"), ("buffers_to_mutate", "output")):
-        ours_by_position = {position(ours, k, op): v for k, v in getattr(our_sig, field).items()}
-        theirs_by_position = {position(theirs, k, op): v for k, v in getattr(their_sig, field).items()}
-        assert ours_by_position == theirs_by_position, field
-    ours_grads = {position(ours, k, "output"): v for k, v in our_sig.backward_signature.gradients_to_parameters.items()}
-    theirs_grads = {position(theirs, k, "output"): v for k, v in their_sig.backward_signature.gradients_to_parameters.items()}
-    assert ours_grads == theirs_grads
+    def by_position(gm, names_to_fqns: dict, op: str) -> dict:
+        return {position(gm, k, op): v for k, v in names_to_fqns.items()}
+
+    for field, op in (
+        ("inputs_to_parameters", "input"), ("inputs_to_buffers", "input"), ("buffers_to_mutate", "output")
+    ):
+        assert by_position(ours, getattr(our_sig, field), op) == by_position(
+            theirs, getattr(their_sig, field), op
+        ), field
+    assert by_position(ours, our_sig.backward_signature.gradients_to_parameters, "output") == by_position(
+        theirs, their_sig.backward_signature.gradients_to_parameters, "output"
+    )
     assert [position(ours, n, "output") for n in our_sig.user_outputs] == [
         position(theirs, n, "output") for n in their_sig.user_outputs
     ]
@@ -283,7 +297,7 @@ def test_buffer_updates_in_place_and_by_assignment(trace_joint):
     torch.manual_seed(0)
     mod = BufferUpdates().to(D)
     mod.steps.fill_(3)
-    gm, sig = aot_export_module(mod, (f64(4, 5),), trace_joint=trace_joint, output_loss_index=0 if trace_joint else None)
+    gm, sig = aot_export_module(mod, (f64(4, 5),), **loss_at(0, trace_joint))
     assert sorted(sig.buffers_to_mutate.values()) == ["ema", "steps"]
     assert_matches_eager(gm, sig, mod, (f64(4, 5),), loss_index=0 if trace_joint else None)
     assert mod.steps.item() == 3 and not mod.ema.any()
@@ -316,7 +330,7 @@ def test_user_input_mutation_is_an_extra_output():
     mod = AddInPlace()
     args = (f64(2, 3), f64(2, 3))
     for trace_joint in (False, True):
-        gm, sig = aot_export_module(mod, args, trace_joint=trace_joint, output_loss_index=0 if trace_joint else None)
+        gm, sig = aot_export_module(mod, args, **loss_at(0, trace_joint))
         assert list(sig.user_inputs_to_mutate.values()) == [sig.user_inputs[0]]
         assert_matches_eager(gm, sig, mod, args, loss_index=0 if trace_joint else None)
 
@@ -393,8 +407,10 @@ def test_decompositions_are_applied():
 
     mod = LinearBatchNorm().to(D)
     x = f64(8, 6)
-    decompositions = get_decompositions([torch.ops.aten._native_batch_norm_legit_functional, torch.ops.aten.addmm])
-    gm, sig = aot_export_module(mod, (x,), trace_joint=True, output_loss_index=0, decompositions=decompositions)
+    decompositions = get_decompositions(
+        [torch.ops.aten._native_batch_norm_legit_functional, torch.ops.aten.addmm]
+    )
+    gm, sig = aot_export_module(mod, (x,), **loss_at(0, True), decompositions=decompositions)
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert torch.ops.aten.addmm.default not in targets
     assert torch.ops.aten._native_batch_norm_legit_functional.default not in targets
@@ -518,7 +534,8 @@ def test_joint_simple_matches_torch():
         ]
 
     assert body(ours) == body(theirs)
-    their_outputs = pytree.tree_leaves(theirs.graph.find_nodes(op="output")[0].args, is_leaf=lambda x: x is None)
+    (their_output,) = theirs.graph.find_nodes(op="output")
+    their_outputs = pytree.tree_leaves(their_output.args, is_leaf=lambda x: x is None)
     assert output_names(ours) == [getattr(n, "name", repr(n)) for n in their_outputs]
 
 
