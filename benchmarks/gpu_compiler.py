@@ -79,8 +79,11 @@ def capture_graphs(fn, inputs):
             return run
         return compile_
 
+    from aotforge.compiler.compile_fx import _partitioner
+
+    # the same decompositions and partitioner (min-cut + joint-graph passes) as the backend
     compiled_fn = aotforge.aot_function(fn, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                                        decompositions=select_decomposition_table())
+                                        decompositions=select_decomposition_table(), partition_fn=_partitioner())
     out = compiled_fn(*inputs)
     out.backward(torch.randn_like(out))
     return captured

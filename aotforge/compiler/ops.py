@@ -42,35 +42,44 @@ def use_handler(handler: Any) -> Iterator[Any]:
 class ReadRecorder:
     """A handler that runs a body only to learn what it reads and how much work it does.
 
-    Every value is an opaque token; ``reads`` lists ``(buffer name, index expression)``;
-    ``op_count`` counts arithmetic (to decide whether a reused value is cheap to recompute).
+    ``reads`` lists ``(buffer name, index expression)`` per load; ``op_count`` counts distinct
+    arithmetic (a subexpression the body computes twice counts once, as in generated code),
+    to decide whether a reused value is cheap to recompute.
     """
+
+    # bookkeeping, not arithmetic: free to recompute
+    FREE = frozenset({"constant", "to_dtype", "index_expr", "where"})
 
     def __init__(self) -> None:
         self.reads: list[tuple[str, Any]] = []
-        self.op_count = 0
+        self.values: dict[Any, int] = {}
         self.has_indirect = False
 
-    def load(self, name: str, index: Any) -> str:
+    @property
+    def op_count(self) -> int:
+        return sum(1 for key in self.values if key[0] not in self.FREE and key[0] != "load")
+
+    @property
+    def distinct_reads(self) -> int:
+        return len({(name, str(index)) for name, index in self.reads})
+
+    def _value(self, key: Any) -> int:
+        return self.values.setdefault(key, len(self.values))
+
+    def load(self, name: str, index: Any) -> int:
         self.reads.append((name, index))
-        return "v"
+        return self._value(("load", name, str(index)))
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> Any:
         import sympy
 
         self.has_indirect = True
-        return sympy.Symbol(f"indirect{len(self.reads)}", integer=True)
+        return sympy.Symbol(f"indirect{value}", integer=True)
 
-    def masked(self, mask: Any, body: Any, other: Any) -> str:
-        body()
-        return "v"
-
-    # bookkeeping, not arithmetic: free to recompute
-    FREE = frozenset({"constant", "to_dtype", "index_expr", "where"})
+    def masked(self, mask: Any, body: Any, other: Any) -> int:
+        return self._value(("masked", mask, body(), str(other)))
 
     def __getattr__(self, name: str) -> Any:
-        def op(*args: Any, **kwargs: Any) -> str:
-            if name not in self.FREE:
-                self.op_count += 1
-            return "v"
+        def op(*args: Any, **kwargs: Any) -> int:
+            return self._value((name,) + tuple(str(a) if not isinstance(a, int) else a for a in args))
         return op

@@ -133,7 +133,10 @@ def _sizes(buffer: ComputedBuffer) -> tuple[int, int]:
 def _sibling_kind(group: KernelGroup, buffer: ComputedBuffer) -> bool:
     """Kernels that share only inputs fuse when both are elementwise or both reduce; an
     elementwise buffer never rides along with an unrelated reduction."""
-    return isinstance(buffer.body, ReductionBody) == group.is_reduction
+    if isinstance(buffer.body, ReductionBody) == group.is_reduction:
+        return True
+    # an elementwise buffer over the same rows reads them while they are in registers
+    return group.is_reduction and _sizes(buffer)[0] == group.numel * group.rnumel
 
 
 def schedule(operations: list[Any], output_names: set[str]) -> Schedule:

@@ -150,7 +150,7 @@ class GraphLowering:
         recorder = ReadRecorder()
         with use_handler(recorder):
             value.make_loader()(ir.index_symbols("i", len(value.size)))
-        return recorder.op_count > REALIZE_OP_THRESHOLD or len(recorder.reads) > REALIZE_READ_THRESHOLD
+        return recorder.op_count > REALIZE_OP_THRESHOLD or recorder.distinct_reads > REALIZE_READ_THRESHOLD
 
     def extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         """Run ``node.target`` through ATen at runtime; its tensor outputs become buffers."""

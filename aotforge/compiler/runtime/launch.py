@@ -104,6 +104,8 @@ class Kernel:
         on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
         if not (on_gpu and config.autotune and len(self.configs) > 1) or self.mutates:
             return self.configs[0]
+        if self.numel * self.rnumel < (1 << 18):
+            return self.configs[0]  # too small for the choice to matter; skip the compiles
         key = hashlib.sha256(f"{self.source}|{self.numel}|{self.rnumel}|{torch.cuda.get_device_name()}|"
                              f"{[str(a.dtype) for a in args]}".encode()).hexdigest()[:24]
         path = os.path.join(cache_directory(), f"autotune_{key}.json")
