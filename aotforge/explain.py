@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 from typing import Optional, Sequence
@@ -81,9 +82,9 @@ def parse_input(spec: str, default_dtype: torch.dtype) -> torch.Tensor:
     return torch.randint(0, high, shape, dtype=dtype)
 
 
-def load_model(spec: str) -> nn.Module:
+def load_model(spec: str, init_kwargs: Optional[dict] = None) -> nn.Module:
     """``path/to/file.py:Name``: ``Name`` is an nn.Module class or a function returning a
-    module; it is called with no arguments."""
+    module; it is called with ``init_kwargs`` (none by default)."""
     path, _, name = spec.rpartition(":")
     if not path or not name:
         raise UsageError(f"--model {spec!r}: expected path/to/file.py:ClassName")
@@ -112,7 +113,15 @@ def load_model(spec: str) -> nn.Module:
             f"{', '.join(available) or 'none'}"
         )
     factory = getattr(source, name)
-    model = factory() if callable(factory) and not isinstance(factory, nn.Module) else factory
+    if isinstance(factory, nn.Module):
+        return factory
+    try:
+        model = factory(**(init_kwargs or {}))
+    except TypeError as error:
+        raise UsageError(
+            f"--model {spec!r}: calling {name}(**{init_kwargs or {}}) failed: {error}. "
+            "Pass its constructor arguments with --init '{\"name\": value, ...}'."
+        ) from None
     if not isinstance(model, nn.Module):
         raise UsageError(
             f"--model {spec!r}: {name}() returned a {type(model).__name__}, not an nn.Module"
@@ -199,6 +208,18 @@ def _partition(
     return default_partition(gm, None, num_fwd_outputs=_num_forward_outputs(signature))
 
 
+def _init_kwargs(text: Optional[str]) -> dict:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"--init {text!r} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--init {text!r} must be a JSON object of keyword arguments")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m aotforge explain",
@@ -227,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--loss-index", type=int, default=None, help="with --joint: which output is the scalar loss"
     )
+    parser.add_argument(
+        "--init", default=None, metavar="JSON",
+        help='keyword arguments for the model\'s constructor, e.g. \'{"vocab": 64, "n_layer": 2}\'',
+    )
     parser.add_argument("--eval", action="store_true", help="put the model in eval mode first")
     parser.add_argument("--seed", type=int, default=0, help="random seed for the model and inputs")
     return parser
@@ -244,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dtype = DTYPES[options.dtype]
     try:
         torch.manual_seed(options.seed)
-        model = load_model(options.model).to(dtype)
+        model = load_model(options.model, _init_kwargs(options.init)).to(dtype)
         if options.eval:
             model.eval()
         inputs = [parse_input(spec, dtype) for spec in options.input]

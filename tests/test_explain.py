@@ -120,6 +120,20 @@ def test_model_file_may_import_its_neighbours(tmp_path, capsys):
     assert code == 0 and "parameter weight" in out
 
 
+def test_constructor_arguments_from_init(capsys):
+    code, out, _ = run_main(
+        capsys, "--model", f"{EXAMPLE}:TinyClassifier", "--init", '{"features": 5, "hidden": 3}',
+        "--input", "4x5", "--input", "4:int64:4", "--joint", "--loss-index", "0",
+    )
+    assert code == 0 and '"f32[3, 5]"' in out  # encoder.weight is hidden x features
+    with pytest.raises(SystemExit):
+        main(["--model", f"{EXAMPLE}:TinyClassifier", "--init", '{"width": 3}', "--input", "4x5"])
+    assert "unexpected keyword argument 'width'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", f"{EXAMPLE}:TinyClassifier", "--init", "{width: 3}", "--input", "4x5"])
+    assert "is not valid JSON" in capsys.readouterr().err
+
+
 def test_model_errors(capsys):
     with pytest.raises(SystemExit):
         main(["--model", f"{EXAMPLE}:Missing", "--input", "2x16"])

@@ -96,13 +96,22 @@ class GraphSignature:
 
     def describe(self) -> str:
         """A readable, line-per-fact rendering (used by ``python -m aotforge explain``)."""
+        backward = self.backward_signature
+        names = [
+            *self.inputs_to_parameters, *self.inputs_to_buffers, *self.user_inputs,
+            *self.user_outputs, *self.buffers_to_mutate, *self.parameters_to_mutate,
+            *self.user_inputs_to_mutate,
+            *(backward.gradients_to_parameters if backward else ()),
+            *(backward.gradients_to_user_inputs if backward else ()),
+        ]
+        width = max([16, *map(len, names)])
         lines = ["graph inputs:"]
         for name, fqn in self.inputs_to_parameters.items():
-            lines.append(f"  {name:<16} parameter {fqn}")
+            lines.append(f"  {name:<{width}} parameter {fqn}")
         for name, fqn in self.inputs_to_buffers.items():
-            lines.append(f"  {name:<16} buffer    {fqn}")
+            lines.append(f"  {name:<{width}} buffer    {fqn}")
         for name, path in zip(self.user_inputs, self._user_input_paths()):
-            lines.append(f"  {name:<16} user input {path}")
+            lines.append(f"  {name:<{width}} user input {path}")
         lines.append("graph outputs:")
         mutations = {
             **{k: f"new value of buffer {v}" for k, v in self.buffers_to_mutate.items()},
@@ -110,17 +119,16 @@ class GraphSignature:
             **{k: f"new value of user input {v}" for k, v in self.user_inputs_to_mutate.items()},
         }
         for name, what in mutations.items():
-            lines.append(f"  {name:<16} {what}")
-        backward = self.backward_signature
+            lines.append(f"  {name:<{width}} {what}")
         output_paths = _leaf_paths(self.out_spec, None)
         for index, (name, path) in enumerate(zip(self.user_outputs, output_paths)):
             loss = " (the loss)" if backward is not None and backward.loss_output == name else ""
-            lines.append(f"  {name:<16} user {_output_label(index, path)}{loss}")
+            lines.append(f"  {name:<{width}} user {_output_label(index, path)}{loss}")
         if backward is not None:
             for name, fqn in backward.gradients_to_parameters.items():
-                lines.append(f"  {name:<16} gradient of parameter {fqn}")
+                lines.append(f"  {name:<{width}} gradient of parameter {fqn}")
             for name, input_name in backward.gradients_to_user_inputs.items():
-                lines.append(f"  {name:<16} gradient of user input {input_name}")
+                lines.append(f"  {name:<{width}} gradient of user input {input_name}")
         return "\n".join(lines)
 
     def __getstate__(self) -> dict:
