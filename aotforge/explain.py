@@ -11,6 +11,12 @@ loads ``TinyClassifier`` from the file, builds random inputs of those shapes, ex
 * without ``--joint``: the inference graph;
 * with ``--joint``: the joint graph, then the forward and backward graphs the default
   partition splits it into, and what the forward saves for the backward.
+
+Models whose constructor takes arguments get them as JSON::
+
+    python -m aotforge explain --model benchmarks/workloads/models.py:NanoGPT \
+        --init '{"vocab": 64, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16}' \
+        --input 2x8:int64:64 --input 2x8:int64:64 --joint --loss-index 0
 """
 from __future__ import annotations
 
