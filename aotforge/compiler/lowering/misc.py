@@ -30,6 +30,12 @@ def full(size: Sequence[Any], fill_value: Any, **kwargs: Any) -> Value:
     return Pointwise(static_ints(size), dtype, _meta_device(), lambda index: ops.constant(fill_value, dtype))
 
 
+@register(aten.full_like.default)
+def full_like(x: Value, fill_value: Any, **kwargs: Any) -> Value:
+    dtype = result_dtype()
+    return Pointwise(x.size, dtype, _meta_device(), lambda index: ops.constant(fill_value, dtype))
+
+
 @register(aten.scalar_tensor.default)
 def scalar_tensor(value: Any, **kwargs: Any) -> Value:
     dtype = result_dtype()
