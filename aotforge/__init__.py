@@ -18,6 +18,7 @@ from .aot import (
     make_boxed_func,
     load_exported,
     nop,
+    run_exported,
     save_exported,
 )
 from .backends import register_backends
@@ -53,5 +54,6 @@ __all__ = [
     "make_boxed_func",
     "load_exported",
     "nop",
+    "run_exported",
     "save_exported",
 ]

@@ -8,9 +8,8 @@ from .export import (
     GraphSignature,
     aot_export_joint_simple,
     aot_export_module,
-    load_exported,
-    save_exported,
 )
+from .exported import load_exported, run_exported, save_exported
 from .schemas import AOTConfig, OutputKind, ViewAndMutationMeta
 
 __all__ = [
@@ -31,5 +30,6 @@ __all__ = [
     "make_boxed_compiler",
     "make_boxed_func",
     "nop",
+    "run_exported",
     "save_exported",
 ]

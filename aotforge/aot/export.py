@@ -57,8 +57,6 @@ __all__ = [
     "GraphSignature",
     "aot_export_joint_simple",
     "aot_export_module",
-    "load_exported",
-    "save_exported",
 ]
 
 
@@ -728,54 +726,3 @@ def _graph_signature(
         backward_signature=backward,
     )
 
-
-# ---------------------------------------------------------------------------------------------
-# Saving and loading
-
-
-def save_exported(path, gm: fx.GraphModule, signature: Optional[GraphSignature] = None) -> None:
-    """Write an exported graph (its Python code, constants and node names) and its signature
-    to ``path`` with torch.save. ``load_exported`` reads it back."""
-    torch.save(
-        {
-            "graph": gm,
-            "signature": signature,
-            "node_names": [node.name for node in gm.graph.nodes],
-            "format": "aotforge-export-1",
-        },
-        path,
-    )
-
-
-def load_exported(path) -> tuple[fx.GraphModule, Optional[GraphSignature]]:
-    """Read what ``save_exported`` wrote: the graph, with its original node names (which the
-    signature refers to), and the signature.
-
-    A pickled GraphModule is rebuilt by re-tracing its code, which renames nodes
-    (``mean`` becomes ``mean_default``); the saved names are put back so that the signature
-    still names the right inputs and outputs. Only load files you trust: this unpickles.
-    """
-    saved = torch.load(path, weights_only=False)
-    if not isinstance(saved, dict) or saved.get("format") != "aotforge-export-1":
-        raise ExportError(f"load_exported: {path} was not written by aotforge's save_exported")
-    loaded: fx.GraphModule = saved["graph"]
-    names = saved["node_names"]
-    nodes = list(loaded.graph.nodes)
-    if len(nodes) != len(names):
-        raise ExportError(
-            f"load_exported: the graph in {path} reloaded with {len(nodes)} nodes but was saved "
-            f"with {len(names)}; the file is damaged or from an incompatible torch version."
-        )
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for node, name in zip(nodes, names):
-        if node.op == "output":
-            graph.output(fx.map_arg(node.args[0], lambda n: env[n]))
-            continue
-        args = fx.map_arg(node.args, lambda n: env[n])
-        kwargs = fx.map_arg(node.kwargs, lambda n: env[n])
-        env[node] = graph.create_node(node.op, node.target, args, kwargs, name=name)
-        env[node].meta = dict(node.meta)
-        if env[node].name != name:
-            raise ExportError(f"load_exported: could not restore node name {name!r} in {path}")
-    return fx.GraphModule(loaded, graph), saved["signature"]
