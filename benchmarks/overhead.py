@@ -5,7 +5,8 @@
 For a tiny function (so that the work is negligible), times: the captured FX graph called
 directly, and the same graph behind aot_function, for inference (no_grad) and training
 (forward + backward through the autograd.Function), plus mutation/aliasing variants whose
-epilogues do work. Prints microseconds per call (median of repeats).
+epilogues do work, and PyTorch's own functorch.compile.aot_function on the same function for
+reference. Prints microseconds per call (median of repeats) as a markdown table.
 """
 from __future__ import annotations
 
@@ -29,7 +30,21 @@ def _time_us(fn, iterations=2000, repeats=7) -> float:
     return statistics.median(samples)
 
 
-def measure(name, fn, make_args, train: bool) -> tuple[str, float, float]:
+def _caller(compiled, args, train: bool):
+    if train:
+        return lambda: compiled(*args)
+
+    def call():
+        with torch.no_grad():
+            compiled(*args)
+
+    return call
+
+
+def measure(name, fn, make_args, train: bool) -> tuple[str, float, float, float]:
+    from functorch.compile import aot_function as torch_aot_function
+    from functorch.compile import make_boxed_func
+
     graphs = {}
 
     def capture(kind):
@@ -39,28 +54,19 @@ def measure(name, fn, make_args, train: bool) -> tuple[str, float, float]:
         return compiler
 
     compiled = aot_function(fn, capture("fw"), capture("bw"), inference_compiler=capture("inf"))
+    reference = torch_aot_function(fn, lambda gm, _: make_boxed_func(gm))
     args = make_args()
-    if train:
-        compiled(*args).sum().backward()  # compile forward and backward
-        forward = graphs["fw"]
-        direct = lambda: forward(*args)
-        wrapped = lambda: compiled(*args)
-    else:
-        with torch.no_grad():
-            compiled(*args)
-        graph = graphs["inf"]
-
-        def direct():
+    for f in (compiled, reference):  # compile (forward and backward when training)
+        if train:
+            f(*args).sum().backward()
+        else:
             with torch.no_grad():
-                graph(*args)
-
-        def wrapped():
-            with torch.no_grad():
-                compiled(*args)
-
-    direct_us = _time_us(direct)
-    wrapped_us = _time_us(wrapped)
-    return name, direct_us, wrapped_us
+                f(*args)
+    graph = graphs["fw" if train else "inf"]
+    direct_us = _time_us(_caller(graph, args, train))
+    wrapped_us = _time_us(_caller(compiled, args, train))
+    torch_us = _time_us(_caller(reference, args, train))
+    return name, direct_us, wrapped_us, torch_us
 
 
 def main() -> None:
@@ -73,9 +79,10 @@ def main() -> None:
         measure("inference: 4 inputs, 2 outputs", lambda a, b, c, d: (a + b, c * d), lambda: tuple(torch.randn(8) for _ in range(4)), train=False),
     ]
     print(f"torch {torch.__version__}")
-    print(f"{'case':<42} {'graph direct (us)':>18} {'aot_function (us)':>18} {'overhead (us)':>14}")
-    for name, direct_us, wrapped_us in rows:
-        print(f"{name:<42} {direct_us:>18.1f} {wrapped_us:>18.1f} {wrapped_us - direct_us:>14.1f}")
+    print(f"| case | graph called directly (us) | aotforge aot_function (us) | overhead (us) | torch's aot_function (us) |")
+    print("|---|---|---|---|---|")
+    for name, direct_us, wrapped_us, torch_us in rows:
+        print(f"| {name} | {direct_us:.1f} | {wrapped_us:.1f} | {wrapped_us - direct_us:.1f} | {torch_us:.1f} |")
 
 
 if __name__ == "__main__":
