@@ -153,10 +153,12 @@ def explain_text(
     *,
     joint: bool,
     loss_index: Optional[int],
+    dynamic: bool = False,
 ) -> str:
     """Export ``model`` on ``inputs`` and render the signature and graphs as text."""
     gm, signature = aot_export_module(
-        model, tuple(inputs), trace_joint=joint, output_loss_index=loss_index
+        model, tuple(inputs), trace_joint=joint, output_loss_index=loss_index,
+        dynamic_shapes=dynamic,
     )
     shapes = ", ".join(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" for t in inputs)
     mode = "training" if model.training else "eval"
@@ -183,18 +185,21 @@ def explain_text(
 
 def _saved_size(saved: Sequence) -> str:
     """``13 values, 1.9 KiB`` (tensor bytes from each node's fake value)."""
-    total = 0
+    total, symbolic = 0, False
     for node in saved:
         value = node.meta.get("val") if isinstance(node, fx.Node) else None
         if isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
+            numel = value.numel()
+            if isinstance(numel, torch.SymInt):  # dynamic shapes: count the example's size
+                numel, symbolic = int(numel.node.hint or 0), True
+            total += numel * value.element_size()
     if total < 1024:
         size = f"{total} B"
     elif total < 2**20:
         size = f"{total / 1024:.1f} KiB"
     else:
         size = f"{total / 2**20:.1f} MiB"
-    return f"{len(saved)} values, {size}"
+    return f"{len(saved)} values, {size}" + (" at the example sizes" if symbolic else "")
 
 
 def _num_forward_outputs(signature: GraphSignature) -> int:
@@ -259,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
         help='keyword arguments for the model\'s constructor, e.g. \'{"vocab": 64, "n_layer": 2}\'',
     )
     parser.add_argument("--eval", action="store_true", help="put the model in eval mode first")
+    parser.add_argument(
+        "--dynamic", action="store_true",
+        help="symbolic input sizes (the graph checks the size conditions it relies on)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed for the model and inputs")
     return parser
 
@@ -279,7 +288,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if options.eval:
             model.eval()
         inputs = [parse_input(spec, dtype) for spec in options.input]
-        text = explain_text(model, inputs, joint=options.joint, loss_index=options.loss_index)
+        text = explain_text(
+            model, inputs, joint=options.joint, loss_index=options.loss_index,
+            dynamic=options.dynamic,
+        )
     except UsageError as error:
         parser.error(str(error))
     except ExportError as error:

@@ -58,6 +58,16 @@ def test_inference_explain_with_factory_and_dtype(capsys):
     assert "user output 0\n" in out
 
 
+def test_dynamic_explain_shows_symbolic_sizes_and_checks(capsys):
+    code, out, _ = run_main(
+        capsys, "--model", f"{EXAMPLE}:TinyClassifier", "--input", "8x16", "--input", "8:int64:4",
+        "--joint", "--loss-index", "0", "--dynamic",
+    )
+    assert code == 0
+    assert "user input args[0] size 1 must be 16" in out
+    assert 'primals_10: "f32[s' in out  # the batch size is a symbol
+
+
 def test_partition_of_an_export_joint_matches_eager():
     """What explain prints as forward and backward is a working split: run it on real
     tensors and compare gradients with eager."""

@@ -34,17 +34,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import operator
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
 from .compile import fake_inputs
+from .export_guards import guard_constant_inputs, guard_dynamic_shapes
 from .input_analysis import alias_groups
 from .metadata import collect_metadata
 from .schemas import OutputKind, ViewAndMutationMeta
@@ -174,6 +180,7 @@ def aot_export_module(
     output_loss_index: Optional[int] = None,
     pre_dispatch: bool = False,
     kwargs: Optional[dict] = None,
+    dynamic_shapes: bool = False,
 ) -> tuple[fx.GraphModule, GraphSignature]:
     """Export ``mod`` called with ``args`` (and ``kwargs``) as one functional ATen graph.
 
@@ -181,6 +188,11 @@ def aot_export_module(
     ``(*updated_inputs, *user_outputs)``, plus ``*parameter_gradients`` with ``trace_joint``:
     then output ``output_loss_index`` of the module must be a scalar loss, differentiated with
     a gradient of one; every other output must not require grad.
+
+    With ``dynamic_shapes=True`` the sizes of user inputs are symbolic (parameters and
+    buffers keep theirs): the graph runs for other sizes, and asserts at its top every size
+    condition the trace relied on (see ``export_guards``). Non-tensor inputs are always
+    specialized to their values, and asserted too.
 
     Restrictions (each raises ``ExportError`` naming the input or output): no metadata
     mutation of inputs; in a joint, no data mutation of inputs that require grad; tensors
@@ -232,7 +244,7 @@ def aot_export_module(
         output_shapes[:] = [o.shape if isinstance(o, torch.Tensor) else None for o in flat_outputs]
         return flat_outputs
 
-    fake_mode, fake_args = fake_inputs(flat_args, dynamic=False)
+    fake_mode, fake_args = _fake_export_inputs(flat_args, num_state, dynamic_shapes)
     grad_context = torch.enable_grad() if trace_joint else torch.no_grad()
     with grad_context, watch.restoring(), _data_dependence_is_an_export_error("aot_export_module"):
         with fake_mode:
@@ -259,7 +271,9 @@ def aot_export_module(
         )
         if trace_joint:
             _check_gradients(gm, fake_args, descriptions)
-    _guard_constant_inputs(gm, fake_args, descriptions)
+    guard_constant_inputs(gm, fake_args, descriptions)
+    if dynamic_shapes:
+        guard_dynamic_shapes(gm, fake_args, descriptions, fake_mode.shape_env)
     _drop_stale_pytree_specs(gm)
     signature = _graph_signature(
         gm,
@@ -367,38 +381,20 @@ def aot_export_joint_simple(
     return _drop_stale_pytree_specs(gm)
 
 
-def _guard_constant_inputs(
-    gm: fx.GraphModule, fake_args: Sequence, descriptions: list[str]
-) -> fx.GraphModule:
-    """Non-tensor inputs (ints, floats, strings) stay graph inputs, as the signature says,
-    but the graph was traced for their export-time values. Assert those values, so that a
-    call with another value fails loudly instead of silently computing with the old one::
-
-        def forward(self, primals_1, primals_2):
-            eq = primals_2 == 2
-            _assert = torch._assert(eq, "this graph was exported with user input args[1] == 2; ...")
-    """
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    constants = [
-        (node, value, description)
-        for node, value, description in zip(placeholders, fake_args, descriptions)
-        if isinstance(value, (bool, int, float, str))
+def _fake_export_inputs(flat_args: list, num_state: int, dynamic: bool) -> tuple[Any, list]:
+    """Fake inputs to trace with. With dynamic shapes, parameters and buffers keep their
+    shapes and every user input size gets its own symbol (no "duck sizing": two sizes that
+    happen to be equal in the example are not assumed equal unless the model needs it, in
+    which case it is a guard, and the graph checks it)."""
+    if not dynamic or detect_fake_mode(flat_args) is not None:
+        return fake_inputs(flat_args, dynamic=dynamic)
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
+    fakes = [
+        fake_mode.from_tensor(arg, static_shapes=index < num_state)
+        if isinstance(arg, torch.Tensor) else arg
+        for index, arg in enumerate(flat_args)
     ]
-    if not constants:
-        return gm
-    with gm.graph.inserting_after(placeholders[-1]):
-        # inserting_after places each new node right after the last placeholder, so insert
-        # in reverse to keep the checks in input order.
-        for node, value, description in reversed(constants):
-            message = (
-                f"this graph was exported with {description} == {value!r}; non-tensor inputs are "
-                "specialized at export time. Export again for another value."
-            )
-            equal = gm.graph.call_function(operator.eq, (node, value))
-            with gm.graph.inserting_after(equal):
-                gm.graph.call_function(torch._assert, (equal, message))
-    gm.recompile()
-    return gm
+    return fake_mode, fakes
 
 
 def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:

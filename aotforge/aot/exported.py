@@ -80,6 +80,10 @@ def run_exported(
     return outputs, gradients
 
 
+def _shape_text(tensor: torch.Tensor) -> str:
+    return "(" + ", ".join(str(size) for size in tensor.shape) + ("," if tensor.dim() == 1 else "") + ")"
+
+
 def _check_matches(expected, value, path: str) -> None:
     """The graph was traced for these shapes and dtypes; another shape could broadcast or
     reshape silently into a wrong answer, so it is an error."""
@@ -87,10 +91,14 @@ def _check_matches(expected, value, path: str) -> None:
         return
     if not isinstance(value, torch.Tensor):
         raise ExportError(f"run_exported: {path} must be a tensor, got {type(value).__name__}")
-    if value.shape != expected.shape or value.dtype != expected.dtype:
+    # Symbolic sizes (dynamic_shapes=True) are checked by the graph's own guards.
+    static_match = value.dim() == expected.dim() and all(
+        isinstance(want, torch.SymInt) or want == got for want, got in zip(expected.shape, value.shape)
+    )
+    if not static_match or value.dtype != expected.dtype:
         raise ExportError(
             f"run_exported: {path} has shape {tuple(value.shape)} and dtype {value.dtype}, but "
-            f"the graph was exported for shape {tuple(expected.shape)} and dtype "
+            f"the graph was exported for shape {_shape_text(expected)} and dtype "
             f"{expected.dtype}. Export again with inputs of the new shape."
         )
 
