@@ -116,8 +116,8 @@ def guard_dynamic_shapes(
         )
     for guard in shape_env.guards:
         expr = shape_env.replace(guard.expr)
-        if expr == sympy.true or isinstance(expr, sympy.Eq) and expr.lhs in symbols:
-            continue  # true by construction, or checked above
+        if expr == sympy.true:
+            continue  # an equality already resolved into the sizes checked above
         if not expr.free_symbols <= symbols.keys():
             continue  # about sizes that are not inputs' (they follow from the inputs')
         emit.check(
