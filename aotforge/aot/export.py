@@ -29,6 +29,10 @@ graph is the one ``aot_function`` would partition.
 Both are built on the AOT core's pieces (metadata collection, functional tracing); only the
 calling convention of the joint differs: an export joint differentiates one scalar loss with
 an implicit gradient of ones, so it has no tangent inputs.
+
+Companions: ``export_guards`` asserts in the graph what the trace assumed (specialized
+non-tensor inputs; size conditions under ``dynamic_shapes=True``); ``exported`` calls a graph
+like its module (``run_exported``) and saves / loads it with its node names.
 """
 from __future__ import annotations
 
