@@ -164,6 +164,5 @@ def _describe(expr, legend: dict) -> str:
 
 def _symbol_legend(expr, legend: dict) -> str:
     """``s21 = user input args[0] size 0``: which input size each symbol stands for."""
-    return ", ".join(
-        f"{symbol} = {legend[symbol]}" for symbol in sorted(expr.free_symbols, key=str) if symbol in legend
-    )
+    symbols = sorted((s for s in expr.free_symbols if s in legend), key=str)
+    return ", ".join(f"{symbol} = {legend[symbol]}" for symbol in symbols)

@@ -81,7 +81,8 @@ def run_exported(
 
 
 def _shape_text(tensor: torch.Tensor) -> str:
-    return "(" + ", ".join(str(size) for size in tensor.shape) + ("," if tensor.dim() == 1 else "") + ")"
+    sizes = ", ".join(str(size) for size in tensor.shape)
+    return f"({sizes},)" if tensor.dim() == 1 else f"({sizes})"
 
 
 def _check_matches(expected, value, path: str) -> None:
@@ -93,7 +94,8 @@ def _check_matches(expected, value, path: str) -> None:
         raise ExportError(f"run_exported: {path} must be a tensor, got {type(value).__name__}")
     # Symbolic sizes (dynamic_shapes=True) are checked by the graph's own guards.
     static_match = value.dim() == expected.dim() and all(
-        isinstance(want, torch.SymInt) or want == got for want, got in zip(expected.shape, value.shape)
+        isinstance(want, torch.SymInt) or want == got
+        for want, got in zip(expected.shape, value.shape)
     )
     if not static_match or value.dtype != expected.dtype:
         raise ExportError(
