@@ -185,9 +185,16 @@ class TritonKernel:
             return self._recompute(self.members[name], index)
         buffer_dtype = self.buffer_dtypes[name]
         level = max([self._level_of_index(index)] + [m.level for m in self.masks])
-        mask = self._mask(level if level else 0)
-        pointer = f"{self._argument(name)} + ({self._block_index(index, level)})"
-        text = f"tl.load({pointer}, {mask}, other=0)" if mask else f"tl.load({pointer})"
+        if self.is_reduction and not self.masks and index.free_symbols and index.free_symbols <= {XINDEX, RINDEX}:
+            # a row-invariant read (a weight indexed by rindex alone) loads one row's worth,
+            # [1, RBLOCK], and broadcasts: no per-row copies of the same addresses
+            parts = [m for m, symbol in (("xmask", XINDEX), ("rmask", RINDEX)) if symbol in index.free_symbols]
+            pointer = f"{self._argument(name)} + ({texpr(index)})"
+            text = f"tl.load({pointer}, {' & '.join(parts)}, other=0)"
+        else:
+            mask = self._mask(level if level else 0)
+            pointer = f"{self._argument(name)} + ({self._block_index(index, level)})"
+            text = f"tl.load({pointer}, {mask}, other=0)" if mask else f"tl.load({pointer})"
         if held_dtype(buffer_dtype) != buffer_dtype:
             text += ".to(tl.float32)"
         return self._emit(text, held_dtype(buffer_dtype), level)

@@ -263,3 +263,27 @@ def copy_(destination: Value, source: Value, non_blocking: bool = False) -> Valu
 
 
 _ = (device_of, compute_dtype)
+
+
+@register(aten.scatter.value, aten.scatter.src)
+def scatter(x: Value, dim: int, index_: Value, source: Any) -> Value:
+    """One index per row along ``dim`` (a one-hot, as in cross-entropy's backward) is a gather
+    seen from the output: element i takes the source where i[dim] == index[i with dim=0]."""
+    dim = normalize_dim(dim, len(x.size))
+    expected = [sympy.Integer(1) if d == dim else x.size[d] for d in range(len(x.size))]
+    if list(index_.size) != expected:
+        raise NotLowerable("scatter with more than one index per row")
+    if isinstance(source, Value) and (len(source.size) != len(expected)
+                                      or any(int(s) < int(e) for s, e in zip(source.size, expected))):
+        raise NotLowerable("scatter source smaller than its index")
+    load_x, load_index = x.make_loader(), index_.make_loader()
+    load_source = source.make_loader() if isinstance(source, Value) else None
+
+    def fn(position):
+        row = position[:dim] + [sympy.Integer(0)] + position[dim + 1:]
+        here = ops.eq(ops.index_expr(position[dim], torch.int64),
+                      ops.to_dtype(load_index(row), torch.int64, index_.dtype))
+        value = (ops.to_dtype(load_source(row), x.dtype, source.dtype) if load_source is not None
+                 else ops.constant(source, x.dtype))
+        return ops.where(here, value, load_x(position))
+    return Pointwise(x.size, x.dtype, x.device, fn)
