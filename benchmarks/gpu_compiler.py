@@ -104,8 +104,10 @@ def measure(name: str, dtype: torch.dtype) -> dict:
         outputs = compiled(list(args))
         moved = _nbytes(list(args) + list(outputs))
         ms = median_ms(lambda: compiled(list(args)))
+        graph = getattr(compiled, "compiled_graph", None)
+        configs = [f"{k.name}:{k.kind}:{k.numel}x{k.rnumel}:{k.best}" for k in (graph.kernels if graph else [])]
         row[kind] = dict(ms=round(ms, 4), bytes=moved, gbps=round(moved / ms / 1e6, 1), kernels=entry["stats"].get("kernels"),
-                         fallbacks=entry["stats"].get("fallbacks"))
+                         fallbacks=entry["stats"].get("fallbacks"), configs=configs)
     # eager and inductor, forward + backward, for reference
     grad = torch.randn(ROWS, COLUMNS, device="cuda", dtype=dtype)
 

@@ -153,3 +153,13 @@ def test_config_patch_rejects_unknown_options():
     with pytest.raises(AttributeError, match="no option"):
         with config.patch(no_such_option=1):
             pass
+
+
+def test_unsupported_dtypes_and_empty_tensors_fall_back_cleanly():
+    z = torch.randn(4, dtype=torch.complex64)
+    (out,), info = compile_and_run(lambda z: (z * 2 + 1,), z)
+    torch.testing.assert_close(out, z * 2 + 1)
+    assert info["kernels"] == 0 and info["fallbacks"]
+    e = torch.randn(0, 3, **f64)
+    (out,), _ = compile_and_run(lambda e: (e.exp() + 1,), e)
+    assert out.shape == (0, 3)

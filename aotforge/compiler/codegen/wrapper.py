@@ -31,6 +31,7 @@ class CompiledGraph:
     kernel_source: str
     kernel_count: int
     extern_count: int
+    kernels: list = dataclasses.field(default_factory=list)  # runtime.launch.Kernel objects
 
 
 def _ints(values) -> tuple:
@@ -146,8 +147,8 @@ class WrapperCodegen:
         self.lines.append(f"    return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
         kernel_source = module_prelude(self.interpret) + "\n\n" + "\n\n".join(kernels)
         wrapper_source = "\n".join(self.lines) + "\n"
-        call = self._load(kernel_source, wrapper_source)
-        return CompiledGraph(call, wrapper_source, kernel_source, kernel_count, extern_count)
+        call, kernel_objects = self._load(kernel_source, wrapper_source)
+        return CompiledGraph(call, wrapper_source, kernel_source, kernel_count, extern_count, kernel_objects)
 
     def _allocate(self, buffer: ComputedBuffer, freed: list[str]) -> None:
         size, stride = _ints(buffer.layout.size), _ints(buffer.layout.stride)
@@ -177,7 +178,7 @@ class WrapperCodegen:
             self.lines.append(f"    {out.name} = ensure_layout({source}, {_ints(out.layout.size)}, {_ints(out.layout.stride)})")
         self.lines.append(f"    del {call.name}")
 
-    def _load(self, kernel_source: str, wrapper_source: str) -> Callable:
+    def _load(self, kernel_source: str, wrapper_source: str) -> tuple[Callable, list]:
         from ..runtime import launch
 
         module = launch.load_module(kernel_source, "kernels")
@@ -190,7 +191,7 @@ class WrapperCodegen:
                          ensure_layout=launch.ensure_layout, check_mutated_input=launch.check_mutated_input)
         code = compile(wrapper_source, f"<aotforge wrapper {id(self)}>", "exec")
         exec(code, namespace)
-        return namespace["call"]
+        return namespace["call"], [namespace[name] for name in sources]
 
 
 def _may_alias(call: ExternCall) -> bool:

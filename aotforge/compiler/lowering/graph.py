@@ -121,7 +121,7 @@ class GraphLowering:
         if node.target is operator.getitem:
             container = self.values[node.args[0]]
             return container[node.args[1]]
-        lowering = LOWERINGS.get(node.target)
+        lowering = LOWERINGS.get(node.target) if _kernel_dtypes_only(node) else None
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n])
         name = _op_name(node.target)
         if lowering is not None:
@@ -183,6 +183,19 @@ class GraphLowering:
             if isinstance(value, Value):
                 value = self.realize(value, _stride_of(arg.meta.get("val")))
             self.outputs.append(value)
+
+
+def _kernel_dtypes_only(node: fx.Node) -> bool:
+    """Generated kernels handle real floating, integer and bool dtypes; anything else (complex,
+    float8, unsigned wider than 8 bits) runs through ATen."""
+    from ..codegen.triton_ops import TRITON_DTYPE
+
+    values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
+    for value in values:
+        for leaf in (value if isinstance(value, (tuple, list)) else [value]):
+            if isinstance(leaf, torch.Tensor) and leaf.dtype not in TRITON_DTYPE:
+                return False
+    return True
 
 
 def _stride_of(val: Any) -> Optional[list]:

@@ -96,6 +96,8 @@ class Kernel:
         self.fn[grid](*args, *sizes, **chosen)
 
     def run(self, *args: Any) -> None:
+        if self.numel == 0:
+            return  # an empty tensor: nothing to compute (and a grid of 0 programs is an error)
         if self.best is None:
             self.best = self._choose(args)
         self._launch(args, self.best)
