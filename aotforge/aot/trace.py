@@ -126,6 +126,8 @@ def trace(fn: Callable, args: Sequence, *, decompositions: dict, fake_mode, kept
         )(*args)
     # Compilers take flat placeholders and return a flat tuple: drop make_fx's pytree codegen.
     gm.graph._codegen = fx.graph.CodeGen()
+    for stale in ("_in_spec", "_out_spec"):
+        gm.__dict__.pop(stale, None)
     (output,) = gm.graph.find_nodes(op="output")
     output.args = (tuple(pytree.tree_leaves(output.args[0], is_leaf=lambda x: x is None)),)
     gm.graph.eliminate_dead_code()
