@@ -158,11 +158,11 @@ class TritonKernel:
         """The index as a block of the full shape for its level: compiled Triton wants the
         pointer, the mask and the value of a load or store to have one shape."""
         if level == 0:
-            return f"{texpr(index)} + tl.zeros({'[1, 1]' if self.is_reduction else '[1]'}, tl.int32)"
+            return f"{texpr(index)} + tl.full({'[1, 1]' if self.is_reduction else '[1]'}, 0, tl.int32)"
         needed = {XINDEX, RINDEX} if (level == 2 and self.is_reduction) else {XINDEX}
         if needed <= index.free_symbols:
             return texpr(index)
-        return f"{texpr(index)} + tl.zeros({self._shape(level)}, tl.int32)"
+        return f"{texpr(index)} + tl.full({self._shape(level)}, 0, tl.int32)"
 
     def _argument(self, name: str) -> str:
         return self.arguments.setdefault(name, name)
@@ -305,15 +305,16 @@ class TritonKernel:
     @staticmethod
     def _finish(kind: str, values: str, result: str, indices: str, bound: int, masked_source: str = "") -> list[str]:
         if kind == "sum":
-            return [f"{result} = tl.sum({values}, 1)[:, None]"]
+            return [f"{result} = tl.reduce({values}, 1, _sum_combine)[:, None]"]
         if kind == "prod":
             return [f"{result} = tl.reduce({values}, 1, _product)[:, None]"]
         if kind in ("max", "min"):
-            return [f"{result} = tl.{kind}({values}, 1)[:, None]"]
+            return [f"{result} = tl.reduce({values}, 1, _{kind}_combine)[:, None]"]
         best = "max" if kind == "argmax" else "min"
         positions = f"tl.broadcast_to({indices}, [XBLOCK, RBLOCK])"
-        return [f"{result}_best = tl.{best}({values}, 1)[:, None]",
-                f"{result} = tl.min(tl.where({values} == {result}_best, {positions}, {bound}), 1)[:, None].to(tl.int64)"]
+        return [f"{result}_best = tl.reduce({values}, 1, _{best}_combine)[:, None]",
+                f"{result} = tl.reduce(tl.where({values} == {result}_best, {positions}, {bound}), 1, _min_combine)"
+                f"[:, None].to(tl.int64)"]
 
     # --- nodes and loops ----------------------------------------------------------------------
 
@@ -377,6 +378,10 @@ class TritonKernel:
 
     def generate(self, buffer_dtypes: dict[str, torch.dtype], reads: dict[str, set[str]]) -> KernelSource:
         self.buffer_dtypes = buffer_dtypes
+        contiguous = self._reduction_contiguous()
+        # A row held in registers must be contiguous in memory to load well; a strided
+        # (column) reduction walks its rows in a loop over tiles wide along the outputs.
+        self.persistent = self.persistent and (contiguous or self.rnumel <= 64)
         with use_handler(self):
             for buffer in self.group.nodes:
                 self._codegen_node(buffer, reads.get(buffer.name, set()))
@@ -398,7 +403,7 @@ class TritonKernel:
         body = header + ["    " + line for line in prologue + self.top]
         kind = "pointwise" if not self.is_reduction else ("persistent" if self.persistent else "looped")
         return KernelSource(name, "\n".join(body), list(self.arguments), self.numel, self.rnumel, kind,
-                            any(n.mutates is not None for n in self.group.nodes), self._reduction_contiguous())
+                            any(n.mutates is not None for n in self.group.nodes), contiguous)
 
     def _reduction_contiguous(self) -> bool:
         for buffer in self.group.nodes:

@@ -42,7 +42,7 @@ ARITHMETIC: dict[str, Spelling] = {
     "bitwise_not": lambda args, dtype: f"({args[0]} == 0)" if dtype == torch.bool else f"~{args[0]}",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
     "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
-    "erf": "tl.erf({0})", "sigmoid": "tl.sigmoid({0})",
+    "erf": "tl.erf({0})", "sigmoid": "1 / (1 + tl.exp(-{0}))",
 }
 for _name in ["expm1", "log10", "log1p", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
               "acosh", "atanh", "erfc", "erfinv", "lgamma"]:
@@ -59,7 +59,9 @@ PREDICATES: dict[str, Spelling] = {
     "signbit": _float_or_int("libdevice.signbit({0}) != 0", "{0} < 0"),
 }
 
-# helpers every kernel module defines (Python's floor semantics for integer // and %)
+# helpers every kernel module defines: Python's floor semantics for integer // and %, and the
+# reductions' combine functions (tl.sum & co. are @jit functions of triton.language, which the
+# interpreter cannot call if triton.language was imported before TRITON_INTERPRET was set)
 HELPERS = '''
 @triton.jit
 def _floordiv_int(a, b):
@@ -92,6 +94,21 @@ def _remainder_float(a, b):
 @triton.jit
 def _product(a, b):
     return a * b
+
+
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b)
 '''
 
 

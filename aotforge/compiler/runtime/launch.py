@@ -69,15 +69,20 @@ def candidate_configs(kind: str, numel: int, rnumel: int, contiguous: bool) -> l
             config_ = dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
             if config_ not in out:
                 out.append(config_)
-        if rblock >= 4096:
-            out.append(dict(XBLOCK=1, RBLOCK=rblock, num_warps=32 if rblock >= 8192 else 16))
+        if rblock >= 2048:  # long rows: one row per program, a few widths of thread block
+            for warps in (4, 16):
+                candidate = dict(XBLOCK=1, RBLOCK=rblock, num_warps=warps)
+                if candidate not in out:
+                    out.append(candidate)
         return out
     if contiguous:
         return [dict(XBLOCK=1, RBLOCK=min(2048, ceil_pow2(rnumel)), num_warps=8),
                 dict(XBLOCK=1, RBLOCK=min(4096, ceil_pow2(rnumel)), num_warps=16),
                 dict(XBLOCK=4, RBLOCK=min(1024, ceil_pow2(rnumel)), num_warps=8)]
+    # the reduced axis is strided: tiles wide along the contiguous outputs, several rows deep
     return [dict(XBLOCK=64, RBLOCK=16, num_warps=4), dict(XBLOCK=32, RBLOCK=64, num_warps=8),
-            dict(XBLOCK=128, RBLOCK=8, num_warps=8), dict(XBLOCK=16, RBLOCK=128, num_warps=8)]
+            dict(XBLOCK=128, RBLOCK=8, num_warps=8), dict(XBLOCK=64, RBLOCK=64, num_warps=8),
+            dict(XBLOCK=128, RBLOCK=32, num_warps=8)]
 
 
 class Kernel:
