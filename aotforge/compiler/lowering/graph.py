@@ -25,7 +25,8 @@ from .registry import LOWERINGS, NotLowerable, lowering_node
 # above it is computed once into a buffer. Recomputing keeps memory traffic low; the limits
 # keep an expensive value from being computed many times.
 REALIZE_OP_THRESHOLD = 24
-REALIZE_READ_THRESHOLD = 6
+# reads of tensors as large as the value itself (broadcast weights are nearly free to reread)
+REALIZE_READ_THRESHOLD = 2
 
 
 class GraphLowering:
@@ -150,7 +151,19 @@ class GraphLowering:
         recorder = ReadRecorder()
         with use_handler(recorder):
             value.make_loader()(ir.index_symbols("i", len(value.size)))
-        return recorder.op_count > REALIZE_OP_THRESHOLD or recorder.distinct_reads > REALIZE_READ_THRESHOLD
+        size = int(ir.product(value.size))
+        large = {name for name, _ in recorder.reads if self._numel_of(name) * 2 >= size}
+        return recorder.op_count > REALIZE_OP_THRESHOLD or len(large) > REALIZE_READ_THRESHOLD
+
+    def _numel_of(self, name: str) -> int:
+        for buffer in self.inputs + list(self.constant_buffers.values()):
+            if buffer is not None and buffer.name == name:
+                return buffer.layout.storage_numel()
+        for op in reversed(self.operations):
+            for buffer in (op.outputs if isinstance(op, ExternCall) else [op]):
+                if buffer is not None and buffer.name == name:
+                    return buffer.layout.storage_numel()
+        return 0
 
     def extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         """Run ``node.target`` through ATen at runtime; its tensor outputs become buffers."""

@@ -45,12 +45,46 @@ def view(x: Value, size: Sequence[Any]) -> Value:
         except RuntimeError:
             pass  # not expressible as strides: fall through to an index remap
     new_size = sympify_size(size)
-    old_size = x.size
+    return remap(x, new_size, _reshape_index_map(x.size, new_size))
+
+
+def _reshape_index_map(old_size, new_size):
+    """Map a reshape's output index to its input index group by group: dimensions that merge
+    or split stay local (``[2, 16, 32] -> [32, 32]`` touches only the first two), so index
+    expressions stay simple enough to compare and to print::
+
+        [2, 16, 32] -> [32, 32]:  (i, j) -> (i // 16, i % 16, j)
+    """
+    from ..indexing import split_flat
+
+    groups, old, new = [], 0, 0
+    while old < len(old_size) or new < len(new_size):
+        old_group, new_group = [], []
+        old_product = new_product = 1
+        while True:
+            if old_product <= new_product and old < len(old_size) and (old_product < new_product or not old_group or int(old_size[old]) == 1):
+                old_group.append(old)
+                old_product *= int(old_size[old])
+                old += 1
+            elif new < len(new_size) and (new_product < old_product or not new_group or int(new_size[new]) == 1):
+                new_group.append(new)
+                new_product *= int(new_size[new])
+                new += 1
+            else:
+                break
+            if old_product == new_product and (old >= len(old_size) or int(old_size[old]) != 1) \
+                    and (new >= len(new_size) or int(new_size[new]) != 1):
+                break
+        groups.append((old_group, new_group))
 
     def index_map(index):
-        flat = strided_index(index, contiguous_strides(new_size))
-        return unflatten_index(flat, old_size)
-    return remap(x, new_size, index_map)
+        out = [sympy.Integer(0)] * len(old_size)
+        for old_group, new_group in groups:
+            flat = strided_index([index[d] for d in new_group], contiguous_strides([new_size[d] for d in new_group]))
+            for d, i in zip(old_group, split_flat(flat, [old_size[d] for d in old_group])):
+                out[d] = i
+        return out
+    return index_map
 
 
 @register(aten.permute.default)
