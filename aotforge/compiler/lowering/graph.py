@@ -54,6 +54,18 @@ class GraphLowering:
         """Give ``value`` a buffer of its own (computed by a kernel) and return a view of it."""
         if isinstance(value, StorageView):
             return value
+        if getattr(value, "realized", None) is not None:  # one buffer per value, however often asked
+            return value.realized
+        value.realized = self._realize(value, stride_hint)
+        return value.realized
+
+    def _realize(self, value: Value, stride_hint: Optional[list]) -> StorageView:
+        view_of = getattr(value, "view_of", None)
+        if view_of is not None:  # realize the viewed value, keep the view a view
+            base, reapply = view_of
+            viewed = reapply(self.realize(base))
+            if isinstance(viewed, StorageView):
+                return viewed
         size = value.size
         if stride_hint is not None and ir.is_non_overlapping_dense(size, stride_hint):
             stride = ir.dense_strides_like(size, stride_hint)

@@ -19,10 +19,18 @@ from .registry import NotLowerable, current_graph, normalize_dim, register, stat
 aten = torch.ops.aten
 
 
-def remap(x: Value, size: Sequence[Any], index_map) -> Pointwise:
-    """A lazy view: element ``index`` of the result is element ``index_map(index)`` of x."""
+def remap(x: Value, size: Sequence[Any], index_map, reapply=None) -> Pointwise:
+    """A lazy view: element ``index`` of the result is element ``index_map(index)`` of x.
+
+    ``reapply`` (for views that keep every element: permute, expand, reshape, unsqueeze,
+    squeeze) redoes the view on x's buffer, so that when the view must be realized (an ATen
+    matmul reads ``grad.t()``), x is computed once in its own layout and the view stays a view
+    rather than becoming a transposing copy."""
     load = x.make_loader()
-    return Pointwise(size, x.dtype, x.device, lambda index: load(index_map(index)))
+    out = Pointwise(size, x.dtype, x.device, lambda index: load(index_map(index)))
+    if reapply is not None:
+        out.view_of = (x, reapply)
+    return out
 
 
 def _meta_view(x: StorageView, method: str, *args: Any) -> StorageView:
@@ -45,7 +53,7 @@ def view(x: Value, size: Sequence[Any]) -> Value:
         except RuntimeError:
             pass  # not expressible as strides: fall through to an index remap
     new_size = sympify_size(size)
-    return remap(x, new_size, _reshape_index_map(x.size, new_size))
+    return remap(x, new_size, _reshape_index_map(x.size, new_size), lambda base: view(base, size))
 
 
 def _reshape_index_map(old_size, new_size):
@@ -93,7 +101,8 @@ def permute(x: Value, dims: Sequence[int]) -> Value:
     if isinstance(x, StorageView):
         return StorageView(x.buffer, [x.size[d] for d in dims], [x.stride[d] for d in dims], x.offset)
     inverse = [dims.index(d) for d in range(len(dims))]
-    return remap(x, [x.size[d] for d in dims], lambda index: [index[inverse[d]] for d in range(len(dims))])
+    return remap(x, [x.size[d] for d in dims], lambda index: [index[inverse[d]] for d in range(len(dims))],
+                 lambda base: permute(base, dims))
 
 
 @register(aten.transpose.int)
@@ -120,7 +129,7 @@ def expand(x: Value, size: Sequence[Any], *, implicit: bool = False) -> Value:
         return StorageView(x.buffer, new_size, stride, x.offset)
     own = x.size
     return remap(x, new_size, lambda index: [sympy.Integer(0) if own[d] == 1 else index[skip + d]
-                                             for d in range(len(own))])
+                                             for d in range(len(own))], lambda base: expand(base, size))
 
 
 @register(aten.unsqueeze.default)
@@ -129,7 +138,8 @@ def unsqueeze(x: Value, dim: int) -> Value:
     if isinstance(x, StorageView):
         return StorageView(x.buffer, x.size[:dim] + [sympy.Integer(1)] + x.size[dim:],
                            x.stride[:dim] + [sympy.Integer(1)] + x.stride[dim:], x.offset)
-    return remap(x, x.size[:dim] + [sympy.Integer(1)] + x.size[dim:], lambda index: index[:dim] + index[dim + 1:])
+    return remap(x, x.size[:dim] + [sympy.Integer(1)] + x.size[dim:], lambda index: index[:dim] + index[dim + 1:],
+                 lambda base: unsqueeze(base, dim))
 
 
 @register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -149,7 +159,7 @@ def squeeze(x: Value, dims: Any = None) -> Value:
         for position, d in enumerate(keep):
             full[d] = index[position]
         return full
-    return remap(x, [x.size[d] for d in keep], index_map)
+    return remap(x, [x.size[d] for d in keep], index_map, lambda base: squeeze(base, sorted(dims)))
 
 
 @register(aten.slice.Tensor)
