@@ -43,6 +43,14 @@ TESTED_OPS = [
     "index_add", "select_scatter", "slice_scatter", "scatter_add", "stack", "hstack", "roll", "full_like",
     "zeros_like", "ones_like", "new_zeros", "nn.functional.glu", "nn.functional.logsigmoid", "frac", "deg2rad",
     "hypot", "logaddexp", "xlogy", "sgn", "square", "erfinv", "special.erfcx", "aminmax", "cumsum",
+    "__getitem__", "take_along_dim", "movedim", "expand_as", "broadcast_to", "nn.functional.threshold",
+    "nn.functional.relu6", "nn.functional.selu", "nn.functional.celu", "nn.functional.softsign",
+    "nn.functional.tanhshrink", "nn.functional.hardshrink", "nn.functional.softshrink", "logit", "sinc",
+    "fmax", "fmin", "copysign", "heaviside", "isfinite", "isneginf", "isposinf", "nn.functional.kl_div",
+    "nn.functional.smooth_l1_loss", "nn.functional.l1_loss", "nn.functional.huber_loss",
+    "nn.functional.binary_cross_entropy_with_logits", "nn.functional.cosine_similarity",
+    "nn.functional.normalize", "linalg.vector_norm", "nansum", "count_nonzero", "std_mean",
+    "nn.functional.avg_pool2d", "nn.functional.pixel_shuffle", "diag_embed", "nn.functional.instance_norm",
 ]
 SAMPLES_PER_OP = {torch.float32: 1, torch.float64: 2}
 DTYPES = [torch.float32, torch.float64]

@@ -35,6 +35,10 @@ ARITHMETIC: dict[str, Spelling] = {
     "remainder": _float_or_int("_remainder_float({0}, {1})", "_remainder_int({0}, {1})"),
     "fmod": _float_or_int("libdevice.fmod({0}, {1})", "_fmod_int({0}, {1})"),
     "pow": "libdevice.pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
+    "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
+    # fmax/fmin ignore a NaN operand (maximum/minimum propagate it)
+    "fmax": "tl.where({0} != {0}, {1}, tl.where({1} != {1}, {0}, tl.maximum({0}, {1})))",
+    "fmin": "tl.where({0} != {0}, {1}, tl.where({1} != {1}, {0}, tl.minimum({0}, {1})))",
     "sign": "({0} > 0).to({dtype}) - ({0} < 0).to({dtype})",
     "floor": _float_or_int("libdevice.floor({0})", "{0}"), "ceil": _float_or_int("libdevice.ceil({0})", "{0}"),
     "trunc": _float_or_int("libdevice.trunc({0})", "{0}"), "round": _float_or_int("libdevice.nearbyint({0})", "{0}"),

@@ -44,6 +44,8 @@ class _InterpreterLibdevice:
     fmod = staticmethod(_elementwise(torch.fmod))
     pow = staticmethod(_elementwise(torch.pow))
     atan2 = staticmethod(_elementwise(torch.atan2))
+    copysign = staticmethod(_elementwise(torch.copysign))
+    hypot = staticmethod(_elementwise(torch.hypot))
     expm1 = staticmethod(_elementwise(torch.expm1))
     log10 = staticmethod(_elementwise(torch.log10))
     log1p = staticmethod(_elementwise(torch.log1p))
