@@ -10,7 +10,6 @@ from __future__ import annotations
 import operator
 from typing import Any, Optional
 
-import sympy
 import torch
 import torch.fx as fx
 
@@ -246,5 +245,3 @@ def _op_name(target: Any) -> str:
         return str(target)
     return getattr(target, "__name__", str(target))
 
-
-_ = (sympy, NotLowerable)

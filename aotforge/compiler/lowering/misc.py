@@ -262,8 +262,6 @@ def copy_(destination: Value, source: Value, non_blocking: bool = False) -> Valu
     return destination
 
 
-_ = (device_of, compute_dtype)
-
 
 @register(aten.scatter.value, aten.scatter.src)
 def scatter(x: Value, dim: int, index_: Value, source: Any) -> Value:

@@ -11,7 +11,6 @@ import torch
 from ...config import config
 from ..ir import Pointwise, StorageView, Value, product
 from ..ops import ops
-from .pointwise import make_pointwise
 from .registry import (NotLowerable, compute_dtype, current_graph, normalize_dim, register,
                        result_dtype)
 
@@ -81,8 +80,6 @@ def _split_reduction(ranges, reduction_ranges, reduction_type, value_at, source_
         partial[s, i] = reduce(value_at(i, r) for r in [s*R/splits, (s+1)*R/splits))
         out[i] = reduce(partial[s, i] for s)
     """
-    from ..ir import ModularIndexing, FloorDiv
-
     rnumel = int(product(reduction_ranges))
     piece = rnumel // splits
 
@@ -93,7 +90,6 @@ def _split_reduction(ranges, reduction_ranges, reduction_type, value_at, source_
     partial = graph.add_reduction([sympy.Integer(splits)] + list(ranges), [sympy.Integer(piece)], reduction_type,
                                   partial_value, source_dtype, source_dtype, device)
     load = partial.make_loader()
-    _ = (ModularIndexing, FloorDiv)
     return graph.add_reduction(list(ranges), [sympy.Integer(splits)], SPLIT_COMBINE[reduction_type],
                                lambda index, rindex: load([rindex[0]] + list(index)), source_dtype, out_dtype, device)
 
@@ -252,5 +248,3 @@ def reduce_view_squeeze(x: Value, dims: Sequence[int]) -> Value:
 
     return squeeze(x, [normalize_dim(d, len(x.size)) for d in dims])
 
-
-_ = make_pointwise

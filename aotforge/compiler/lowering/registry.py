@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import sympy
 import torch
 
-from ..ir import Pointwise, StorageView, Value, product, sympify_size
+from ..ir import Pointwise, Value, product
 from ..ops import ops
 
 LOWERINGS: dict[Any, Callable[..., Any]] = {}
@@ -179,6 +179,3 @@ def static_ints(values: Iterable[Any]) -> list[int]:
 def numel(value: Value) -> int:
     return int(product(value.size))
 
-
-def ones_like_size(size):
-    return sympify_size(size)

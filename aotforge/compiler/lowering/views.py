@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from ..ir import (ModularIndexing, Pointwise, StorageView, Value, contiguous_strides, product,
-                  strided_index, sympify_size, unflatten_index)
+                  strided_index, sympify_size)
 from .registry import NotLowerable, current_graph, normalize_dim, register, static_ints
 
 aten = torch.ops.aten
@@ -239,8 +239,6 @@ def diagonal(x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
         return full
     return remap(x, [x.size[d] for d in rest] + [sympy.Integer(length)], index_map)
 
-
-_ = ModularIndexing  # re-exported for lowerings that build index maps by hand
 
 
 def _register_copy_variants() -> None:
