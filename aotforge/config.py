@@ -19,8 +19,6 @@ from typing import Any, Iterator
 @dataclasses.dataclass
 class Config:
     # --- AOT autograd -------------------------------------------------------------------
-    # Check at runtime that the metadata traced at compile time still holds (slow).
-    debug_assert: bool = False
     # Recompile this many times for one function before raising instead.
     cache_size_limit: int = 8
 
@@ -29,14 +27,13 @@ class Config:
     activation_memory_budget: float = 1.0
 
     # --- compiler ---------------------------------------------------------------------------
-    # Write generated kernels to disk and reuse them across processes.
+    # Where generated kernels and autotune results are kept across processes (default: a
+    # per-user folder under the system's temporary directory).
     cache_dir: str = ""
     # Run the Triton path even for CPU tensors (needs TRITON_INTERPRET=1); for tests.
     triton_on_cpu: bool = False
     # Autotune Triton kernels over a few block sizes (results cached on disk).
     autotune: bool = True
-    # Capture compiled GPU graphs with CUDA graphs.
-    cudagraphs: bool = False
     # Reductions over at most this many elements per row keep the whole row in registers
     # (one pass over memory); longer rows loop over it in blocks.
     persistent_reduction_limit: int = 4096
