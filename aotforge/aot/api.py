@@ -68,29 +68,34 @@ def _fast_unflatten(spec) -> Callable:
     return lambda flat: pytree.tree_unflatten(flat, spec)
 
 
-def _tensor_key(t: torch.Tensor, dynamic: bool) -> tuple:
-    shape = t.dim() if dynamic else (tuple(t.shape), t.stride(), t.storage_offset())
-    return (t.dtype, t.device, t.requires_grad, t.layout, shape, type(t))
+def _signature(flat_args: Sequence, spec_key, dynamic: bool) -> tuple:
+    """Everything a compiled graph specialized on: shapes and strides (only the rank if
+    dynamic), dtypes, devices, requires_grad, non-tensor values, the pytree structure, grad
+    mode, autocast, and which inputs are the same tensor or share storage.
 
-
-def _autocast_state() -> tuple:
-    """Autocast changes which ops a trace records (the casts), so it is part of the key."""
-    return (torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
-
-
-def _signature(flat_args: Sequence, in_spec, dynamic: bool) -> tuple:
-    """Everything a compiled graph specialized on: shapes (unless dynamic), dtypes, devices,
-    requires_grad, non-tensor values, the pytree structure, grad mode and input aliasing."""
-    parts: list[Any] = [in_spec, is_training_call(flat_args), _autocast_state()]
+    Runs on every call, so it is one flat tuple built in one pass.
+    """
+    parts: list[Any] = [spec_key, torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")]
+    any_requires_grad = False
     storages: dict[int, int] = {}
+    objects: dict[int, int] = {}
     for arg in flat_args:
         if isinstance(arg, torch.Tensor):
+            requires_grad = arg.requires_grad
+            any_requires_grad = any_requires_grad or requires_grad
             ptr = arg.untyped_storage().data_ptr()
-            # Which earlier input shares this storage (inputs that alias change the trace).
-            alias = storages.setdefault(ptr, len(storages)) if ptr else -1
-            parts.append((_tensor_key(arg, dynamic), alias))
+            parts += (
+                type(arg), arg.dtype, arg.device, arg.layout, requires_grad,
+                arg.dim() if dynamic else arg.shape,
+                None if dynamic else arg.stride(),
+                None if dynamic else arg.storage_offset(),
+                # aliasing changes the trace: the same object (dedupe), or the same storage
+                objects.setdefault(id(arg), len(objects)),
+                storages.setdefault(ptr, len(storages)) if ptr else -1,
+            )
         else:
-            parts.append((type(arg), arg))
+            parts += (type(arg), arg)
+    parts.append(any_requires_grad and torch.is_grad_enabled())
     return tuple(parts)
 
 
