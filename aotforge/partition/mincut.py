@@ -36,8 +36,9 @@ After (min-cut saves only ``add``; the backward recomputes ``gelu`` from it)::
 
 ``aotforge.config.activation_memory_budget`` trades speed for memory: 1 is the cut above;
 0 saves only the inputs (and what never-recomputed ops such as dropout produced) and
-recomputes everything else, matmuls included; in between a knapsack keeps the compute-heavy ops whose outputs buy the most
-runtime per byte, within ``min + budget * (max - min)`` saved bytes.
+recomputes everything else, matmuls included; in between a knapsack keeps the compute-heavy
+ops whose outputs buy the most runtime per byte, within ``min + budget * (max - min)`` saved
+bytes.
 """
 from __future__ import annotations
 
@@ -182,7 +183,8 @@ def classify_joint(
     forward = ancestors(fwd_outputs) | set(primals)
     tangent_closure: set[fx.Node] = set()
     for node in joint.graph.nodes:  # topological order: inputs come before their users
-        if node in live and (is_tangent(node) or any(a in tangent_closure for a in node.all_input_nodes)):
+        reads_tangent = any(a in tangent_closure for a in node.all_input_nodes)
+        if node in live and (is_tangent(node) or reads_tangent):
             tangent_closure.add(node)
     backward_required = tangent_closure | {o for o in bwd_outputs if isinstance(o, fx.Node)}
     indices = set(static_lifetime_input_indices)
