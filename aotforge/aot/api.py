@@ -262,6 +262,12 @@ def aot_module_simplified(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params,
         keep_inference_input_mutations, inference_compiler, False, "dynamo_graph",
     )
+    # Dynamo lifts parameters and buffers as graph inputs and marks them: they live as long
+    # as the module (the partitioner saves them for free).
+    config.static_input_indices = (
+        *range(num_params),
+        *(num_params + i for i in _dynamo_static_inputs(mod)),
+    )
     flat_args = [*params, *args]
     run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
 
@@ -272,6 +278,18 @@ def aot_module_simplified(
     forward.named_parameters = mod.named_parameters  # type: ignore[attr-defined]
     forward.named_buffers = mod.named_buffers  # type: ignore[attr-defined]
     return forward
+
+
+def _dynamo_static_inputs(mod: nn.Module) -> list[int]:
+    graph = getattr(mod, "graph", None)
+    if graph is None:
+        return []
+    placeholders = graph.find_nodes(op="placeholder")
+    return [
+        i
+        for i, node in enumerate(placeholders)
+        if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
+    ]
 
 
 compiled_function = aot_function

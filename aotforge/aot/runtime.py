@@ -154,7 +154,11 @@ def make_training_runtime(
             if compiled_backward[0] is None:
                 compiled_backward[0] = bw_compiler(backward_module, _example_inputs(backward_module))
             tangents = [_as_traced_tangent(grad_outputs[i]) for i in tangent_indices]
-            grads = call_compiled(compiled_backward[0], [*ctx.symints, *ctx.saved_tensors, *tangents])
+            args = [*ctx.symints, *ctx.saved_tensors, *tangents]
+            # Drop ctx's references (unless retain_graph), so that a boxed backward can free
+            # each saved tensor after its last use instead of holding all of them to the end.
+            ctx.maybe_clear_saved_tensors()
+            grads = call_compiled(compiled_backward[0], args)
             return tuple(grads)
 
     def run(args: list) -> list:

@@ -285,3 +285,35 @@ def test_autocast_state_is_part_of_the_signature():
     assert out.dtype == expected.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected)
     assert len(fn._aotforge_cache) == 2
+
+
+def test_backward_twice_with_retain_graph():
+    f = lambda x, w: (x @ w).tanh().sum()
+    fn = aot_function(f, nop, nop)
+    x, w = rand(3, 4), rand(4, 2)
+    out = fn(x, w)
+    out.backward(retain_graph=True)
+    first = w.grad.clone()
+    out.backward()
+    torch.testing.assert_close(w.grad, 2 * first)
+    again = fn(x, w)
+    again.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        again.backward()  # as in eager: saved tensors were freed by the first backward
+
+
+def test_dynamo_marks_parameters_and_buffers_static_for_the_partitioner():
+    torch._dynamo.reset()
+    seen = {}
+
+    def partition(joint, inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kwargs):
+        seen["static"] = static_lifetime_input_indices
+        return aotforge.default_partition(joint, inputs, num_fwd_outputs=num_fwd_outputs)
+
+    def backend(gm, example_inputs):
+        return aotforge.aot_module_simplified(gm, example_inputs, nop, nop, partition_fn=partition)
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    torch.compile(model, backend=backend)(torch.randn(3, 4)).sum().backward()
+    assert len(seen["static"]) == 7  # 2 linear + 2 batch norm parameters + 3 buffers; not x
+    torch._dynamo.reset()
