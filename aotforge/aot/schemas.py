@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import sympy
@@ -39,12 +40,14 @@ class StridedLayout:
             _to_expr(tensor.storage_offset()),
         )
 
-    @property
+    @functools.cached_property
     def is_static(self) -> bool:
         return all(isinstance(v, int) for v in (*self.size, *self.stride, self.storage_offset))
 
     def evaluate(self, bindings: dict) -> tuple[list[int], list[int], int]:
         """Concrete (size, stride, offset) for one call, given the symbols' values."""
+        if self.is_static:  # the common case, on every call: no sympy
+            return list(self.size), list(self.stride), self.storage_offset
         return (
             [_evaluate(v, bindings) for v in self.size],
             [_evaluate(v, bindings) for v in self.stride],
