@@ -153,6 +153,9 @@ def aot_function(
         def run_flat(all_args: list) -> list:
             return run([all_args[i] for i in traced_positions])
 
+        if len(traced_positions) == len(flat_args):
+            run_flat = run  # every argument is a graph input: nothing to drop per call
+
         entry = _CacheEntry(key, run_flat, guard, out_spec_cell)
         cache.append(entry)
         return entry
