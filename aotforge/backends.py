@@ -19,9 +19,11 @@ def aotforge_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
 
 def register_backends() -> None:
-    """Register both backends with Dynamo (idempotent; entry points also find them)."""
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    """Register both backends with Dynamo (idempotent; the package's entry points also let
+    Dynamo find them without an import)."""
+    from torch._dynamo.backends import registry
 
     for name, fn in (("aotforge_eager", aotforge_eager_backend), ("aotforge", aotforge_backend)):
-        if _BACKENDS.get(name) is None:
-            register_backend(compiler_fn=fn, name=name)
+        # An entry point may have registered the name already (then _COMPILER_FNS has it).
+        if name not in registry._COMPILER_FNS:
+            registry.register_backend(compiler_fn=fn, name=name)
