@@ -142,7 +142,11 @@ def reinterpret_tensor(tensor: torch.Tensor, size: Sequence[int], stride: Sequen
 
 def ensure_layout(tensor: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
     """Kernels index with the strides chosen at compile time; a tensor laid out differently
-    (an ATen call that chose other strides, a caller's input) is copied into that layout."""
+    (an ATen call that chose other strides, a caller's input) is copied into that layout.
+    Some ATen ops return None where fake tensors promised a value (the philox seed and offset
+    of cuDNN attention without dropout); those pass through."""
+    if tensor is None:
+        return tensor
     if tuple(tensor.shape) == tuple(size) and (tensor.numel() <= 1 or _same_strides(tensor, size, stride)):
         return tensor
     if tuple(tensor.shape) != tuple(size):
