@@ -28,7 +28,7 @@ from .partition import default_partition, min_cut_rematerialization_partition
 
 def compile_fx(model, example_inputs, **kwargs):
     """The ``aotforge`` torch.compile backend: AOT autograd plus our compiler
-    (see ``aotforge.compiler.compile_fx``)."""
+    (see ``aotforge.compiler.pipeline``)."""
     from .compiler import compile_fx as _compile_fx
 
     return _compile_fx(model, example_inputs, **kwargs)

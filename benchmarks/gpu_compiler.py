@@ -69,7 +69,7 @@ def capture_graphs(fn, inputs):
     def compiler(kind):
         def compile_(gm, example_inputs, **kwargs):
             compiled = compile_fx_inner(gm, example_inputs, is_backward=kind == "backward")
-            stats = dict(sys.modules["aotforge.compiler.compile_fx"].last_compile)
+            stats = compiled.compiled_graph.stats
 
             def run(args):
                 if kind not in captured:
@@ -79,7 +79,7 @@ def capture_graphs(fn, inputs):
             return run
         return compile_
 
-    from aotforge.compiler.compile_fx import _partitioner
+    from aotforge.compiler.pipeline import _partitioner
 
     # the same decompositions and partitioner (min-cut + joint-graph passes) as the backend
     compiled_fn = aotforge.aot_function(fn, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),

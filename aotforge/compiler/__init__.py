@@ -1,22 +1,23 @@
 """aotforge's compiler: FX graph of ATen ops -> fused Triton kernels + a Python wrapper.
 
-The stages, one module each (imports flow downward)::
+``compile_fx_inner`` (pipeline.py) is a flat list of stages, each a function from one frozen,
+printable record to the next::
 
-    compile_fx.py        entry points: compile_fx (torch.compile backend), compile_fx_inner
-    decompositions.py    the decomposition table (core ATen + softmax, norms, activations)
-    passes/              graph -> graph: DCE, CSE, view->reshape, no-op removal, constant
+    passes/              post-grad FX graph: DCE, CSE, view->reshape, no-op removal, constant
                          folding, pattern rewrites, in-place -> functional
-    ops.py, ir.py        the loop-level IR: bodies written against ``ops``; values, buffers
-    lowering/            ATen op -> IR, one table (LOWERINGS); anything else -> ATen extern
-    indexing.py          index arithmetic in kernel space (xindex, rindex)
-    scheduler.py         fusion into kernels, stores that can be skipped, frees
-    codegen/triton.py    one kernel's Triton source (pointwise, persistent or looped reduction)
-    codegen/wrapper.py   the Python program that allocates, launches, calls ATen, frees
-    runtime/             loading generated modules, block sizes and autotuning, helpers
+    lowering/            lower(gm) -> LoweredGraph (ir.py): buffers whose bodies are written
+                         against ``ops`` (ops.py); ATen op -> IR through one table (LOWERINGS);
+                         anything else -> an ATen extern call
+    schedule/            analyze_reads -> BufferReads; fuse -> KernelPlan; plan_memory -> MemoryPlan
+    codegen/triton.py    emit_kernels -> KernelSource per kernel (pointwise, persistent or looped)
+    codegen/wrapper.py   emit_wrapper -> Program: the Python that allocates, launches, calls ATen, frees
+    runtime/             load -> CompiledGraph (compiled.py); kernel modules, launch, autotune (launch.py)
 
-``AOTFORGE_LOG=graphs,output_code`` prints each stage; ``AOTFORGE_DUMP_DIR=dir`` writes them.
+``AOTFORGE_LOG=graphs,ir,output_code,compile_time`` prints each stage; ``AOTFORGE_DUMP_DIR=dir``
+writes them, numbered in the order they were made.
 """
-from .compile_fx import compile_fx, compile_fx_inner
 from .decompositions import select_decomposition_table
+from .pipeline import compile_fx, compile_fx_inner, observe
+from .runtime.compiled import CompiledGraph
 
-__all__ = ["compile_fx", "compile_fx_inner", "select_decomposition_table"]
+__all__ = ["CompiledGraph", "compile_fx", "compile_fx_inner", "observe", "select_decomposition_table"]

@@ -280,3 +280,100 @@ def is_non_overlapping_dense(size: Sequence[Any], stride: Sequence[Any]) -> bool
 
 def ceil_pow2(n: int) -> int:
     return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
+
+
+# --- the lowered graph: what the lowering stage hands the scheduler ---------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LoweredGraph:
+    """A graph in loop IR: its inputs, its operations in program order (``ComputedBuffer``s
+    and ``ExternCall``s) and its outputs. Printed, each computed buffer shows its body::
+
+        buf0: f32[16] = sum over [64] of (i0 | r0):
+            t0 = load(arg0_1, r0 + 64*i0)
+            -> t0
+    """
+
+    inputs: tuple  # InputBuffer | None (a non-tensor input), per graph input
+    constants: dict  # buffer name -> tensor (get_attr constants)
+    constant_buffers: dict  # buffer name -> InputBuffer
+    operations: tuple  # ComputedBuffer | ExternCall, in program order
+    outputs: tuple  # StorageView | Python value, per graph output
+    lowered_ops: dict  # op name -> count of nodes lowered to loop IR
+    fallback_ops: dict  # op name -> count of nodes run as ATen calls
+    lowering_errors: tuple  # lowerings that failed (a bug; the op ran through ATen)
+
+    def buffers(self) -> dict[str, Buffer]:
+        """Every named buffer the program holds: inputs, constants, computed and extern outputs."""
+        named: dict[str, Buffer] = {b.name: b for b in self.inputs if b is not None}
+        named.update(self.constant_buffers)
+        for op in self.operations:
+            if isinstance(op, ExternCall):
+                named.update({out.name: out for out in op.outputs if out is not None})
+            elif op.mutates is None:
+                named[op.name] = op
+        return named
+
+    def __str__(self) -> str:
+        lines = [f"input {describe_buffer(b)}" for b in self.inputs if b is not None]
+        lines += [f"constant {describe_buffer(b)}" for b in self.constant_buffers.values()]
+        for op in self.operations:
+            lines += describe_operation(op)
+        shown = [describe_value(v) for v in self.outputs]
+        lines.append(f"return ({', '.join(shown)})")
+        return "\n".join(lines) + "\n"
+
+
+_SHORT_DTYPE = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+                torch.uint8: "u8", torch.bool: "b8"}
+
+
+def short_dtype(dtype: torch.dtype) -> str:
+    return _SHORT_DTYPE.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _ints_text(values: Sequence[Any]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def describe_buffer(buffer: Buffer) -> str:
+    layout = buffer.layout
+    offset = f" offset {layout.offset}" if layout.offset != 0 else ""
+    return f"{buffer.name}: {short_dtype(buffer.dtype)}{_ints_text(layout.size)} stride {_ints_text(layout.stride)}{offset}"
+
+
+def describe_value(value: Any) -> str:
+    if isinstance(value, StorageView):
+        buffer = value.buffer
+        if (list(value.size), list(value.stride), value.offset) == (list(buffer.layout.size),
+                                                                     list(buffer.layout.stride), buffer.layout.offset):
+            return buffer.name
+        return f"view({buffer.name}, {_ints_text(value.size)}, {_ints_text(value.stride)}, {value.offset})"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(describe_value(v) for v in value) + ")"
+    return repr(value)
+
+
+def describe_operation(op: Any) -> list[str]:
+    """The lines that print one operation of a ``LoweredGraph``."""
+    from .ops import BodyPrinter, use_handler
+
+    if isinstance(op, ExternCall):
+        target = str(op.op) if isinstance(op.op, torch._ops.OpOverload) else getattr(op.op, "__name__", str(op.op))
+        arguments = [describe_value(a) for a in op.args] + [f"{k}={describe_value(v)}" for k, v in op.kwargs.items()]
+        results = ", ".join(describe_buffer(o) if o is not None else "None" for o in op.outputs)
+        return [f"{op.name} = {target}({', '.join(arguments)}) -> {results}"]
+    body, printer = op.body, BodyPrinter()
+    index = index_symbols("i", len(body.ranges))
+    with use_handler(printer):
+        if isinstance(body, ReductionBody):
+            reduction_index = index_symbols("r", len(body.reduction_ranges))
+            result = body.fn(index, reduction_index)
+            head = (f"{body.reduction_type} over {_ints_text(body.reduction_ranges)} of "
+                    f"({', '.join(map(str, index))} | {', '.join(map(str, reduction_index))})")
+        else:
+            result = body.fn(index)
+            head = f"pointwise over {_ints_text(body.ranges)} ({', '.join(map(str, index))})"
+    target = describe_buffer(op) if op.mutates is None else f"{op.name} (written in place): {describe_buffer(op)}"
+    return [f"{target} = {head}:"] + ["    " + line for line in printer.lines] + [f"    -> {result}"]

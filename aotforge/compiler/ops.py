@@ -83,3 +83,42 @@ class ReadRecorder:
         def op(*args: Any, **kwargs: Any) -> int:
             return self._value((name,) + tuple(str(a) if not isinstance(a, int) else a for a in args))
         return op
+
+
+class BodyPrinter:
+    """A handler that writes a body as numbered lines, one per distinct value, for printing
+    the loop IR (``LoweredGraph``)::
+
+        t0 = load(arg0_1, i1 + 64*i0)
+        t1 = exp(t0)
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.names: dict[str, str] = {}
+
+    def _value(self, text: str) -> str:
+        if text not in self.names:
+            self.names[text] = f"t{len(self.names)}"
+            self.lines.append(f"{self.names[text]} = {text}")
+        return self.names[text]
+
+    def load(self, name: str, index: Any) -> str:
+        return self._value(f"load({name}, {index})")
+
+    def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> Any:
+        import sympy
+
+        return sympy.Symbol(str(value), integer=True)
+
+    def masked(self, mask: Any, body: Any, other: Any) -> str:
+        return self._value(f"masked({mask}, {body()}, {other})")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def op(*args: Any, **kwargs: Any) -> str:
+            shown = [str(a).replace("torch.", "") for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
+            return self._value(f"{name}({', '.join(shown)})")
+        return op

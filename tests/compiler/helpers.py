@@ -1,8 +1,6 @@
 """Shared helpers: trace a function the way AOT autograd hands graphs to the compiler."""
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -16,14 +14,10 @@ def trace(fn, *args, decompose: bool = True) -> torch.fx.GraphModule:
                    tracing_mode="fake")(*args)
 
 
-def stats() -> dict:
-    return sys.modules["aotforge.compiler.compile_fx"].last_compile
-
-
 def compile_and_run(fn, *args, triton: bool = True, **patches):
     """Compile ``fn`` (graph outputs as a tuple) and run it; returns (outputs, stats)."""
     gm = trace(fn, *args)
     with config.patch(triton_on_cpu=triton, **patches):
         compiled = compile_fx_inner(gm, list(args))
         outputs = compiled([a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-    return outputs, dict(stats())
+    return outputs, compiled.compiled_graph.stats

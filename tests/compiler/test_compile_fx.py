@@ -1,13 +1,13 @@
 """compile_fx, the torch.compile backend: graph normalizations around AOT autograd."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import aotforge  # noqa: F401  (registers the backends)
-from aotforge.compiler import compile_fx
+from aotforge.compiler import compile_fx, observe
 from aotforge.config import config
 
-from .helpers import stats
 
 
 def test_graph_returning_a_single_tensor():
@@ -44,16 +44,35 @@ def test_pytree_codegen_from_dynamo_export():
 def test_config_patches_apply_while_compiling_and_running():
     gm = torch.fx.symbolic_trace(lambda x: (x.exp(),))
     x = torch.randn(4, dtype=torch.float64)
-    out = compile_fx(gm, [x], config_patches={"triton_on_cpu": True})(x)
-    assert stats()["path"] == "triton"
+    with observe() as graphs:
+        out = compile_fx(gm, [x], config_patches={"triton_on_cpu": True})(x)
+    assert [g.path for g in graphs] == ["triton"]
     torch.testing.assert_close(out[0], x.exp())
+
+
+def test_config_patches_apply_to_the_backward_compiled_later():
+    gm = torch.fx.symbolic_trace(lambda x: (x.exp() * x,))
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    with observe() as graphs:
+        compiled = compile_fx(gm, [x], config_patches={"triton_on_cpu": True})
+        out = compiled(x)
+        assert not config.triton_on_cpu  # the patch does not outlive the call
+        out[0].sum().backward()  # the backward graph compiles here, outside any patch
+    assert [(g.kind, g.path) for g in graphs] == [("forward", "triton"), ("backward", "triton")]
+    torch.testing.assert_close(x.grad, x.exp() * (x + 1))
+
+
+def test_unknown_config_patch_is_rejected_at_once():
+    gm = torch.fx.symbolic_trace(lambda x: (x.exp(),))
+    with pytest.raises(AttributeError, match="no option"):
+        compile_fx(gm, [torch.randn(4)], config_patches={"no_such_option": 1})
 
 
 def test_backend_registered_with_torch_compile():
     torch._dynamo.reset()
     x = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    with config.patch(triton_on_cpu=True):
+    with config.patch(triton_on_cpu=True), observe() as graphs:
         out = torch.compile(lambda x: (x.sin() * x).sum(), backend="aotforge")(x)
         out.backward()
     torch.testing.assert_close(x.grad, x.sin() + x * x.cos())
-    assert stats()["path"] == "triton"
+    assert [(g.kind, g.path) for g in graphs] == [("forward", "triton"), ("backward", "triton")]

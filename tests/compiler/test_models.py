@@ -4,19 +4,15 @@ inference must equal eager in float64."""
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 import torch
 
 import aotforge  # noqa: F401  (registers the backend)
+from aotforge.compiler import observe
 from aotforge.config import config
 
 from .models import MODELS, example_input
-
-
-def _compile_stats():
-    return sys.modules["aotforge.compiler.compile_fx"].last_compile
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -26,11 +22,12 @@ def test_training_step_matches_eager(name):
     compiled_model = copy.deepcopy(eager)
     x = example_input(name, torch.float64)
     torch._dynamo.reset()
-    with config.patch(triton_on_cpu=True):
+    with config.patch(triton_on_cpu=True), observe() as graphs:
         compiled = torch.compile(compiled_model, backend="aotforge")
         loss = compiled(x).square().mean()
         loss.backward()
-    assert _compile_stats()["path"] == "triton" and _compile_stats()["kernels"] > 0
+    assert [g.kind for g in graphs] == ["forward", "backward"]
+    assert all(g.path == "triton" and g.kernels for g in graphs)
     expected = eager(x).square().mean()
     expected.backward()
     torch.testing.assert_close(loss, expected)
@@ -50,8 +47,8 @@ def test_inference_matches_eager(name):
     eager = MODELS[name]().double().eval()
     x = example_input(name, torch.float64)
     torch._dynamo.reset()
-    with config.patch(triton_on_cpu=True), torch.no_grad():
+    with config.patch(triton_on_cpu=True), torch.no_grad(), observe() as graphs:
         actual = torch.compile(copy.deepcopy(eager), backend="aotforge")(x)
         expected = eager(x)
-    assert _compile_stats()["path"] == "triton"
+    assert [(g.kind, g.path) for g in graphs] == [("inference", "triton")]
     torch.testing.assert_close(actual, expected)

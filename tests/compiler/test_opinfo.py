@@ -61,7 +61,7 @@ coverage = {"lowered": collections.Counter(), "fallback": collections.Counter()}
 
 def _recording_compiler(gm, example_inputs, **kwargs):
     compiled = compile_fx_inner(gm, example_inputs, **kwargs)
-    stats = sys.modules["aotforge.compiler.compile_fx"].last_compile
+    stats = compiled.compiled_graph.stats
     coverage["lowered"].update(stats.get("lowered", {}))
     coverage["fallback"].update(stats.get("fallbacks", {}))
     assert not stats.get("lowering_errors"), stats.get("lowering_errors")

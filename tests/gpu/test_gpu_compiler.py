@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get(
                                 reason="needs a CUDA GPU (and compiled, not interpreted, Triton)")
 
 import aotforge  # noqa: E402
-from aotforge.compiler import compile_fx_inner, select_decomposition_table  # noqa: E402
+from aotforge.compiler import observe, compile_fx_inner, select_decomposition_table  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compiler"))
 from models import MODELS, example_input  # noqa: E402
@@ -23,10 +22,6 @@ TOLERANCE = {torch.float32: dict(rtol=1e-3, atol=1e-3), torch.bfloat16: dict(rto
 # ops allowed to run as ATen calls: matmul, convolution, attention and their backwards
 EXTERN_OK = ("mm", "bmm", "addmm", "convolution", "convolution_backward", "scaled_dot_product",
              "index_put", "cumprod", "cumsum", "scatter")  # scans and scatters are ATen calls by design
-
-
-def _stats():
-    return sys.modules["aotforge.compiler.compile_fx"].last_compile
 
 
 def _relative_error(actual, expected):
@@ -42,9 +37,10 @@ def test_training_step_on_cuda(name, dtype):
     reference = copy.deepcopy(eager).double()
     x = example_input(name, dtype, "cuda")
     torch._dynamo.reset()
-    loss = torch.compile(compiled_model, backend="aotforge")(x).float().square().mean()
-    loss.backward()
-    assert _stats()["path"] == "triton"
+    with observe() as graphs:
+        loss = torch.compile(compiled_model, backend="aotforge")(x).float().square().mean()
+        loss.backward()
+    assert graphs and all(g.path == "triton" for g in graphs)
     expected = reference(x.double()).square().mean()
     expected.backward()
     eager(x).float().square().mean().backward()
@@ -90,7 +86,7 @@ def test_listed_ops_become_kernels(case):
 
     def compiler(gm, example_inputs, **kwargs):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
-        seen.append(dict(_stats()))
+        seen.append(compiled.compiled_graph.stats)
         return compiled
     compiled = aotforge.aot_function(fn, compiler, compiler, decompositions=select_decomposition_table())
     out = compiled(x, w)

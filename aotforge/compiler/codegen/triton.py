@@ -17,6 +17,8 @@ common subexpressions shared.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import itertools
 from typing import Any, Optional
 
@@ -27,7 +29,8 @@ from ...config import config
 from ..indexing import RINDEX, XINDEX, node_indices, simplify_index, store_index
 from ..ir import FloorDiv, ModularIndexing, ReductionBody
 from ..ops import use_handler
-from ..scheduler import KernelGroup
+from ..schedule import BufferReads, KernelGroup, KernelPlan
+from ..ir import LoweredGraph
 from .triton_ops import ARITHMETIC, HELPERS, PREDICATES, TRITON_DTYPE, spell
 
 INT32_MAX = 2**31 - 1
@@ -43,11 +46,18 @@ class Var:
         return self.name
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class KernelSource:
-    name: str
-    source: str  # the body of one @triton.jit function
-    arguments: list[str]  # buffer names, in parameter order
+    """One kernel's Triton source. Parameters are named by position (``in_ptr0``, ...) and the
+    kernel by a hash of its text, so that structurally identical kernels (the same layer
+    repeated, the forward of one graph and the backward of another) have identical sources
+    and compile once."""
+
+    group: str  # the kernel group this source computes (``kernel3``)
+    name: str  # ``aot_<kind>_<hash of the source>``
+    source: str  # one @triton.jit function, without the decorator
+    arguments: tuple  # buffer names passed for the parameters, in order
+    dtypes: tuple  # the dtype of each of those buffers
     numel: int
     rnumel: int
     kind: str  # pointwise | persistent | looped
@@ -59,6 +69,7 @@ def held_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+@functools.lru_cache(maxsize=65536)
 def texpr(expr: sympy.Expr) -> str:
     """Print an index expression as Triton code."""
     if isinstance(expr, sympy.Symbol):
@@ -165,7 +176,8 @@ class TritonKernel:
         return f"{texpr(index)} + tl.full({self._shape(level)}, 0, tl.int32)"
 
     def _argument(self, name: str) -> str:
-        return self.arguments.setdefault(name, name)
+        """The kernel parameter for buffer ``name``: named by position, not by buffer."""
+        return self.arguments.setdefault(name, f"ptr{len(self.arguments)}")
 
     def _shape(self, level: int) -> str:
         if not self.is_reduction:
@@ -376,18 +388,18 @@ class TritonKernel:
         else:
             self.top.append(line)
 
-    def generate(self, buffer_dtypes: dict[str, torch.dtype], reads: dict[str, set[str]]) -> KernelSource:
+    def generate(self, buffer_dtypes: dict[str, torch.dtype], reads: BufferReads) -> KernelSource:
         self.buffer_dtypes = buffer_dtypes
-        contiguous = self._reduction_contiguous()
+        contiguous = self._reduction_contiguous(reads)
         # A row held in registers must be contiguous in memory to load well; a strided
         # (column) reduction walks its rows in a loop over tiles wide along the outputs.
         self.persistent = self.persistent and (contiguous or self.rnumel <= 64)
         with use_handler(self):
             for buffer in self.group.nodes:
-                self._codegen_node(buffer, reads.get(buffer.name, set()))
+                self._codegen_node(buffer, reads.of(buffer))
         self._close_loop()
-        name = self.group.name
-        header = [f"def {name}({', '.join(list(self.arguments) + ['xnumel'] + (['rnumel'] if self.is_reduction else []))}, "
+        parameters = list(self.arguments.values()) + ["xnumel"] + (["rnumel"] if self.is_reduction else [])
+        header = [f"def KERNEL({', '.join(parameters)}, "
                   f"XBLOCK: tl.constexpr{', RBLOCK: tl.constexpr' if self.is_reduction else ''}):"]
         offset = "tl.program_id(0).to(tl.int64) * XBLOCK" if self.int64 else "tl.program_id(0) * XBLOCK"
         prologue = [f"xoffset = {offset}"]
@@ -402,21 +414,31 @@ class TritonKernel:
             prologue += ["xindex = xoffset + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
         body = header + ["    " + line for line in prologue + self.top]
         kind = "pointwise" if not self.is_reduction else ("persistent" if self.persistent else "looped")
-        return KernelSource(name, "\n".join(body), list(self.arguments), self.numel, self.rnumel, kind,
+        text = "\n".join(body)
+        name = f"aot_{kind}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        arguments = tuple(self.arguments)
+        return KernelSource(self.group.name, name, text.replace("def KERNEL(", f"def {name}(", 1), arguments,
+                            tuple(buffer_dtypes[a] for a in arguments), self.numel, self.rnumel, kind,
                             any(n.mutates is not None for n in self.group.nodes), contiguous)
 
-    def _reduction_contiguous(self) -> bool:
+    def _reduction_contiguous(self, reads: BufferReads) -> bool:
         for buffer in self.group.nodes:
             if isinstance(buffer.body, ReductionBody):
-                stride = _rindex_coefficient(buffer, self.numel, self.rnumel)
+                stride = _rindex_coefficient(reads, buffer, self.numel, self.rnumel)
                 return stride in (None, 1)
         return True
 
 
-def _rindex_coefficient(buffer, numel: int, rnumel: int) -> Optional[int]:
-    from ..scheduler import reads_in_kernel
+def emit_kernels(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> tuple[KernelSource, ...]:
+    """The codegen stage for kernels: one Triton source per kernel group of the plan."""
+    buffers = lowered.buffers()
+    dtypes = {name: b.dtype for name, b in buffers.items()}
+    numels = {name: b.layout.storage_numel() for name, b in buffers.items()}
+    return tuple(TritonKernel(group, plan.stored, numels).generate(dtypes, reads) for group in plan.kernels())
 
-    for _, index in reads_in_kernel(buffer, numel, rnumel) or []:
+
+def _rindex_coefficient(reads: BufferReads, buffer, numel: int, rnumel: int) -> Optional[int]:
+    for _, index in reads.in_kernel(buffer, numel, rnumel) or []:
         coefficient = sympy.expand(index).coeff(RINDEX)
         if coefficient.is_Integer and coefficient != 0:
             return int(coefficient)

@@ -1,9 +1,11 @@
-"""GraphLowering: walk an FX graph of ATen ops and build the loop IR.
+"""The lowering stage: ``lower(gm) -> LoweredGraph``, an FX graph of ATen ops in loop IR.
 
 Each node goes through its lowering in ``LOWERINGS``; a node without one, or whose lowering
 declines (``NotLowerable``), becomes an ``ExternCall`` to the ATen op itself, so compilation
-never fails for a missing lowering. The result is a list of *operations* in program order
-(``ComputedBuffer``s and ``ExternCall``s) plus the graph's inputs and outputs.
+never fails for a missing lowering. A lowering that declines leaves nothing behind: the
+buffers it emitted and the values it realized are undone. The result is a list of
+*operations* in program order (``ComputedBuffer``s and ``ExternCall``s) plus the graph's
+inputs and outputs.
 """
 from __future__ import annotations
 
@@ -28,6 +30,11 @@ REALIZE_OP_THRESHOLD = 24
 REALIZE_READ_THRESHOLD = 2
 
 
+def lower(gm: fx.GraphModule) -> ir.LoweredGraph:
+    """The lowering stage: every node of ``gm`` in loop IR or as an ATen call."""
+    return GraphLowering(gm).run().result()
+
+
 class GraphLowering:
     def __init__(self, gm: fx.GraphModule):
         self.gm = gm
@@ -43,6 +50,7 @@ class GraphLowering:
         self.lowering_errors: list[str] = []
         self._buffer_names = ir.counter("buf")
         self._extern_names = ir.counter("extern")
+        self._realized: list[Value] = []  # values given a buffer, in order (undone on decline)
 
     # --- building blocks used by lowerings ------------------------------------------------
 
@@ -56,6 +64,7 @@ class GraphLowering:
         if getattr(value, "realized", None) is not None:  # one buffer per value, however often asked
             return value.realized
         value.realized = self._realize(value, stride_hint)
+        self._realized.append(value)
         return value.realized
 
     def _realize(self, value: Value, stride_hint: Optional[list]) -> StorageView:
@@ -137,20 +146,33 @@ class GraphLowering:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n])
         name = _op_name(node.target)
         if lowering is not None:
-            emitted = len(self.operations)
+            emitted, realized = len(self.operations), len(self._realized)
             try:
                 with lowering_node(node, self):
                     result = lowering(*args, **kwargs)
                 self.lowered_ops[name] = self.lowered_ops.get(name, 0) + 1
                 return self._maybe_realize(node, result)
             except NotLowerable:
-                del self.operations[emitted:]
+                self._undo(emitted, realized)
             except Exception as error:  # a lowering bug must not fail the compile: use ATen
-                del self.operations[emitted:]
+                self._undo(emitted, realized)
                 self.lowering_errors.append(f"{node.format_node()}: {type(error).__name__}: {error}")
                 debug.artifact("lowering", f"lowering_error_{node.name}", self.lowering_errors[-1], ".txt")
         self.fallback_ops[name] = self.fallback_ops.get(name, 0) + 1
         return self.extern(node, args, kwargs)
+
+    def _undo(self, emitted: int, realized: int) -> None:
+        """Forget what a declined lowering emitted: its buffers, and the buffers it gave to
+        values it realized (they were never computed)."""
+        del self.operations[emitted:]
+        for value in self._realized[realized:]:
+            value.realized = None
+        del self._realized[realized:]
+
+    def result(self) -> ir.LoweredGraph:
+        return ir.LoweredGraph(tuple(self.inputs), dict(self.constants), dict(self.constant_buffers),
+                               tuple(self.operations), tuple(self.outputs), dict(self.lowered_ops),
+                               dict(self.fallback_ops), tuple(self.lowering_errors))
 
     def _maybe_realize(self, node: fx.Node, result: Any) -> Any:
         if isinstance(result, Pointwise):

@@ -1,0 +1,331 @@
+"""The compiler's entry points, each a flat list of named stages between printable records.
+
+``compile_fx_inner(gm, example_inputs)`` compiles one functional ATen graph::
+
+    post-grad FX graph -> LoweredGraph -> BufferReads -> KernelPlan -> MemoryPlan
+      -> KernelSource per kernel + the wrapper's Program -> CompiledGraph
+
+(CUDA tensors, or CPU tensors with ``config.triton_on_cpu``; other graphs run as the graph's
+own ATen calls). ``compile_fx(model, example_inputs)`` is the torch.compile backend: it
+normalizes the graph (tuple outputs, flat inputs, pytree codegen), runs pre-grad passes, then
+AOT autograd with ``compile_fx_inner`` as forward, backward and inference compiler.
+
+Every compiled callable carries its ``CompiledGraph`` (``fn.compiled_graph``): the records,
+the sources and the compile-time breakdown; ``observe()`` collects those of a block of code.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from .. import debug
+from ..config import config
+from . import passes
+from .codegen.triton import emit_kernels
+from .codegen.wrapper import emit_wrapper
+from .decompositions import select_decomposition_table
+from .lowering import lower
+from .runtime import compiled as runtime
+from .runtime.compiled import CompiledGraph
+from .schedule import analyze_reads, fuse, plan_memory
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def observe() -> Iterator[list[CompiledGraph]]:
+    """Collect the ``CompiledGraph`` of every graph compiled in this thread inside the block
+    (tests and tools: ``with observe() as graphs: model(x); print(graphs[-1])``)."""
+    stack = _local.__dict__.setdefault("observers", [])
+    graphs: list[CompiledGraph] = []
+    stack.append(graphs)
+    try:
+        yield graphs
+    finally:
+        stack.remove(graphs)
+
+
+def _announce(compiled: CompiledGraph) -> None:
+    for graphs in getattr(_local, "observers", []):
+        graphs.append(compiled)
+
+
+class _Stopwatch:
+    """Seconds per named stage, in the order the stages ran."""
+
+    def __init__(self, timings: Optional[dict] = None) -> None:
+        self.timings: dict[str, float] = dict(timings or {})
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - started
+
+
+def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                     static_input_idxs: Sequence[int] = (), is_backward: bool = False,
+                     is_inference: bool = False, graph_id: Optional[int] = None, **unused: Any) -> Callable:
+    """Compile one functional ATen graph; returns a boxed callable (``fn(args_list)``)."""
+    kind = "backward" if is_backward else "inference" if is_inference else "forward"
+    if not _has_calls(gm):
+        return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, {}))
+    clock = _Stopwatch(_take_aot_timings(kind))
+    with clock("post_grad_passes"):
+        _ensure_fake_values(gm, example_inputs)
+        gm = passes.post_grad_passes(gm)
+    debug.graph_artifact("graphs", f"{kind}_post_grad", gm)
+    if not (_wants_triton(gm) and _static_shapes(gm) and _is_functional(gm)):
+        # FX's generated code: one ATen call per node, frees at last use
+        return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, clock.timings))
+    with clock("lower"):
+        lowered = lower(gm)                                # LoweredGraph: buffers and their bodies
+    debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
+    with clock("schedule"):
+        reads = analyze_reads(lowered)                     # BufferReads: who reads what, once
+        plan = fuse(lowered, reads)                        # KernelPlan: kernels and extern calls
+        memory = plan_memory(lowered, plan, reads)         # MemoryPlan: allocations, reuse, frees
+    debug.artifact("ir", f"{kind}_kernel_plan", str(plan), ".txt")
+    debug.artifact("ir", f"{kind}_memory_plan", str(memory), ".txt")
+    with clock("codegen"):
+        kernels = emit_kernels(lowered, plan, reads)       # KernelSource per kernel group
+        program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
+    compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings)  # CompiledGraph
+    debug.artifact("output_code", f"{kind}_kernels", compiled.kernel_source)
+    debug.artifact("output_code", f"{kind}_wrapper", compiled.wrapper_source)
+    return _boxed(compiled)
+
+
+def _boxed(compiled: CompiledGraph) -> Callable:
+    """The boxed callable handed back to AOT autograd. Its first call also times what happens
+    only then (Triton compiles each kernel at its first launch, then autotunes it) and logs
+    the compile-time breakdown."""
+    state: list[Callable] = []
+
+    def first_call(args: list) -> Any:
+        started = time.perf_counter()
+        out = compiled.call(args)
+        if compiled.program is not None:
+            compiled.timings["first_run"] = time.perf_counter() - started
+        state[0] = compiled.call
+        debug.artifact("compile_time", f"{compiled.kind}_compile_time", compiled.describe_timings(), ".txt")
+        return out
+
+    state.append(first_call)
+
+    def call(args: list) -> Any:
+        return state[0](args)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    call.compiled_graph = compiled  # type: ignore[attr-defined]
+    _announce(compiled)
+    return call
+
+
+def _run_fx(gm: fx.GraphModule) -> Callable[[list], Any]:
+    """The graph's own ATen calls, boxed."""
+    def run(args: list) -> Any:
+        values = list(args)
+        args.clear()
+        return gm(*values)
+    return run
+
+
+def _has_calls(gm: fx.GraphModule) -> bool:
+    return any(node.op == "call_function" for node in gm.graph.nodes)
+
+
+def _ensure_fake_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Every node needs ``meta['val']``; graphs built by hand may lack it."""
+    if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
+        return
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not _is_fake(x) else x for x in example_inputs]
+    FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*inputs)
+
+
+def _is_fake(x: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, FakeTensor)
+
+
+def _wants_triton(gm: fx.GraphModule) -> bool:
+    devices = set()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            devices.add(val.device.type)
+    if "cuda" in devices:
+        return True
+    return config.triton_on_cpu
+
+
+def _static_shapes(gm: fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) or (isinstance(val, torch.Tensor) and any(
+                isinstance(s, torch.SymInt) for s in list(val.shape) + list(val.stride()))):
+            return False
+    return True
+
+
+def _is_functional(gm: fx.GraphModule) -> bool:
+    """In-place ops other than ``copy_`` into a graph input would need alias tracking the
+    loop IR does not do; such graphs run as ATen calls."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            if node.target._schema.is_mutable:
+                if node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
+                    continue
+                return False
+    return True
+
+
+# --- the torch.compile backend -------------------------------------------------------------
+
+# --- the torch.compile backend -------------------------------------------------------------
+
+def _take_aot_timings(kind: str) -> dict[str, float]:
+    """The AOT stages' seconds (trace, partition) for the first graph compiled after them."""
+    aot = getattr(_local, "aot_timings", None)
+    if not aot or kind == "backward":
+        return {}
+    _local.aot_timings = None
+    timings = {"trace": time.perf_counter() - aot["started"] - aot.get("partition", 0.0)}
+    if "partition" in aot:
+        timings["partition"] = aot["partition"]
+    return timings
+
+
+def _partitioner() -> Callable:
+    import aotforge.partition as partition
+
+    chosen = getattr(partition, "min_cut_rematerialization_partition", None) or partition.default_partition
+
+    def partition_with_joint_passes(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+        started = time.perf_counter()
+        try:
+            joint = passes.joint_graph_passes(joint)
+            return chosen(joint, joint_inputs, **kwargs)
+        finally:
+            aot = getattr(_local, "aot_timings", None)
+            if aot is not None:
+                aot["partition"] = time.perf_counter() - started
+    return partition_with_joint_passes
+
+
+def _patched(compiler: Callable, config_patches: dict) -> Callable:
+    """``compiler`` run under ``config_patches``: the backward graph compiles lazily, long after
+    ``compile_fx`` returned, and must see the same options as the forward."""
+    def compile_patched(*args: Any, **kwargs: Any) -> Callable:
+        with config.patch(**config_patches):
+            return compiler(*args, **kwargs)
+    return compile_patched
+
+
+def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
+               inner_compile: Callable = compile_fx_inner, config_patches: Optional[dict] = None,
+               decompositions: Optional[dict] = None) -> Callable:
+    """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend."""
+    if config_patches:
+        with config.patch(**config_patches):  # unknown options fail here, at once
+            pass
+        inner_compile = _patched(inner_compile, config_patches)
+        with config.patch(**config_patches):
+            compiled = compile_fx(model, example_inputs, inner_compile, None, decompositions)
+
+        def run_patched(*args: Any) -> Any:
+            with config.patch(**config_patches):
+                return compiled(*args)
+        return run_patched
+
+    if isinstance(model, fx.GraphModule) and isinstance(model.graph._codegen, fx.graph._PyTreeCodeGen):
+        return _compile_pytree_codegen(model, example_inputs, inner_compile, decompositions)
+
+    if any(isinstance(x, (list, tuple)) for x in example_inputs):
+        return _compile_flattened_inputs(model, example_inputs, inner_compile, decompositions)
+
+    if isinstance(model, fx.GraphModule) and not _returns_tuple(model):
+        model = _make_output_tuple(model)
+        compiled = compile_fx(model, example_inputs, inner_compile, None, decompositions)
+        return lambda *args: compiled(*args)[0]
+
+    if isinstance(model, fx.GraphModule):
+        model = passes.pre_grad_passes(model)
+
+    from ..aot import aot_module_simplified
+
+    table = select_decomposition_table(decompositions)
+    forward = functools.partial(inner_compile, is_backward=False)
+    backward = functools.partial(inner_compile, is_backward=True)
+    inference = functools.partial(inner_compile, is_inference=True)
+    _local.aot_timings = {"started": time.perf_counter()}
+    try:
+        return aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
+                                     inference_compiler=inference, decompositions=table,
+                                     partition_fn=_partitioner(), keep_inference_input_mutations=True)
+    finally:
+        _local.aot_timings = None
+
+
+def _returns_tuple(gm: fx.GraphModule) -> bool:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return isinstance(output.args[0], (tuple, list))
+
+
+def _make_output_tuple(gm: fx.GraphModule) -> fx.GraphModule:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.args = ((output.args[0],),)
+    gm.recompile()
+    return gm
+
+
+def _compile_pytree_codegen(model: fx.GraphModule, example_inputs, inner_compile, decompositions) -> Callable:
+    """Graphs from ``torch._dynamo.export`` take and return pytrees; compile the flat graph
+    inside and (un)flatten around it."""
+    codegen = model.graph._codegen
+    in_spec, out_spec = codegen.pytree_info.in_spec, codegen.pytree_info.out_spec
+    model.graph._codegen = fx.graph.CodeGen()
+    model.recompile()
+    flat_inputs = pytree.arg_tree_leaves(*example_inputs) if in_spec is not None else list(example_inputs)
+    compiled = compile_fx(model, flat_inputs, inner_compile, None, decompositions)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        flat = pytree.arg_tree_leaves(*args, **kwargs) if in_spec is not None else list(args)
+        out = compiled(*flat)
+        return pytree.tree_unflatten(list(out) if isinstance(out, (list, tuple)) else [out], out_spec) \
+            if out_spec is not None else out
+    return run
+
+
+class _FlatInputs(torch.nn.Module):
+    def __init__(self, model: Callable, spec: Any):
+        super().__init__()
+        self.model, self.spec = model, spec
+
+    def forward(self, *flat: Any) -> Any:
+        return self.model(*pytree.tree_unflatten(list(flat), self.spec))
+
+
+def _compile_flattened_inputs(model, example_inputs, inner_compile, decompositions) -> Callable:
+    flat, spec = pytree.tree_flatten(list(example_inputs))
+    flat_model = _FlatInputs(model, spec)
+    compiled = compile_fx(flat_model, flat, inner_compile, None, decompositions)
+
+    def run(*args: Any) -> Any:
+        return compiled(*pytree.tree_flatten(list(args))[0])
+    return run

@@ -1,0 +1,108 @@
+"""``load(...) -> CompiledGraph``: the last stage. It imports each kernel (one module per
+distinct kernel source, shared by every graph of the process), binds the launchers and runs
+the wrapper's source; the result carries every record that led to it and the compile-time
+breakdown, so that what the compiler did can be printed after the fact."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..codegen.triton import KernelSource, module_prelude
+from ..codegen.wrapper import Program
+from ..ir import LoweredGraph
+from ..schedule import KernelPlan, MemoryPlan
+from . import launch
+
+# launchers by (kernel source name, numel, rnumel): identical kernels of any graph share one,
+# so each is compiled and autotuned once per process
+_launchers: dict[tuple, Any] = {}
+_launchers_lock = threading.Lock()
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """A compiled graph: the callable (boxed: takes one list of arguments) and its records."""
+
+    kind: str  # forward | backward | inference
+    call: Callable[[list], Any]
+    lowered: Optional[LoweredGraph]
+    kernel_plan: Optional[KernelPlan]
+    memory_plan: Optional[MemoryPlan]
+    kernels: tuple  # KernelSource per kernel group
+    program: Optional[Program]
+    launchers: dict  # group name -> launch.Kernel
+    timings: dict  # stage -> seconds, in the order the stages ran
+
+    @property
+    def path(self) -> str:
+        return "triton" if self.program is not None else "aten"
+
+    @property
+    def wrapper_source(self) -> str:
+        return self.program.source if self.program is not None else ""
+
+    @property
+    def kernel_source(self) -> str:
+        """Every distinct kernel of the graph, as one module's text."""
+        unique = {k.name: k.source for k in self.kernels}
+        return module_prelude(launch.interpreting()) + "\n\n" + "\n\n".join(
+            f"@triton.jit\n{text}\n" for text in unique.values())
+
+    @property
+    def stats(self) -> dict:
+        if self.program is None:
+            return dict(path="aten", kind=self.kind, kernels=0, seconds=sum(self.timings.values()))
+        externs = len(self.kernel_plan.steps) - len(self.kernels)
+        return dict(path="triton", kind=self.kind, kernels=len(self.kernels), unique_kernels=len({k.name for k in self.kernels}),
+                    externs=externs, lowered=dict(self.lowered.lowered_ops), fallbacks=dict(self.lowered.fallback_ops),
+                    lowering_errors=list(self.lowered.lowering_errors), wrapper=self.wrapper_source,
+                    kernel_source=self.kernel_source, seconds=sum(self.timings.values()), timings=dict(self.timings))
+
+    def describe_timings(self) -> str:
+        total = sum(self.timings.values())
+        parts = ", ".join(f"{stage} {seconds:.3f}s" for stage, seconds in self.timings.items())
+        return f"{self.kind} graph: {total:.3f}s ({parts})"
+
+    def __str__(self) -> str:
+        sections = [f"# {self.kind} graph, {self.path} path", self.describe_timings()]
+        for title, record in (("lowered graph", self.lowered), ("kernel plan", self.kernel_plan),
+                              ("memory plan", self.memory_plan)):
+            if record is not None:
+                sections.append(f"## {title}\n{record}")
+        if self.kernels:
+            sections.append(f"## kernels\n{self.kernel_source}")
+        if self.program is not None:
+            sections.append(f"## wrapper\n{self.program}")
+        return "\n\n".join(sections)
+
+
+def _launcher(source: KernelSource) -> Any:
+    key = (source.name, source.numel, source.rnumel)
+    with _launchers_lock:
+        found = _launchers.get(key)
+        if found is not None:
+            return found
+    module = launch.load_module(module_prelude(launch.interpreting()) + f"\n\n@triton.jit\n{source.source}\n",
+                                source.name)
+    kernel = launch.Kernel(getattr(module, source.name), source.name, source.source, source.kind, source.numel,
+                           source.rnumel, source.reduction_contiguous, source.mutates)
+    with _launchers_lock:
+        return _launchers.setdefault(key, kernel)
+
+
+def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
+         program: Program, timings: dict) -> CompiledGraph:
+    started = time.perf_counter()
+    launchers = {source.group: _launcher(source) for source in kernels}
+    namespace = dict(program.namespace)
+    namespace.update(launchers)
+    namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,
+                     ensure_layout=launch.ensure_layout, check_mutated_input=launch.check_mutated_input)
+    code = compile(program.source, f"<aotforge {kind} wrapper>", "exec")
+    exec(code, namespace)
+    timings["load"] = time.perf_counter() - started
+    return CompiledGraph(kind, namespace["call"], lowered, plan, memory, kernels, program, launchers, timings)

@@ -1,0 +1,207 @@
+"""``fuse(lowered, reads) -> KernelPlan``: group computed buffers into kernels.
+
+Fusion is greedy in program order. A buffer joins an earlier kernel when
+
+1. its iteration space fits the kernel's ``(numel, rnumel)``: a reduction with the same
+   sizes (sibling reductions: mean and variance of the same rows), an elementwise buffer over
+   ``numel * rnumel`` elements (an epilogue after a reduction), or one value per output row;
+2. every buffer of that kernel it reads, it reads at exactly the element the kernel wrote
+   (the value is still in registers; nothing crosses threads);
+3. everything else it reads was produced before that kernel runs.
+
+Buffers that nothing outside their kernel reads are never stored::
+
+    buf0 = sum(x, -1)                          kernel0 reduction x=N r=D: buf0, buf1, buf2
+    buf1 = sum((x-buf0/D)^2)                   (buf0 and buf1 stay in registers;
+    buf2 = (x-buf0/D)*rsqrt(buf1/D) ...         only buf2 is stored)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import sympy
+
+from ...config import config
+from ..indexing import RINDEX, XINDEX, node_indices
+from ..ir import ComputedBuffer, ExternCall, LoweredGraph, ReductionBody
+from .reads import BufferReads, kernel_shape
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelGroup:
+    """Buffers computed by one kernel over ``numel`` outputs of ``rnumel`` reduced elements."""
+
+    name: str
+    numel: int
+    rnumel: int
+    nodes: tuple  # ComputedBuffer, in the order the kernel computes them
+
+    @property
+    def is_reduction(self) -> bool:
+        return any(isinstance(n.body, ReductionBody) for n in self.nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    """What runs, in order: kernel groups and extern (ATen) calls, and which computed buffers
+    must reach memory (outputs, in-place writes, and values read by another step)."""
+
+    steps: tuple  # KernelGroup | ExternCall
+    stored: frozenset
+
+    def kernels(self) -> list[KernelGroup]:
+        return [s for s in self.steps if isinstance(s, KernelGroup)]
+
+    def __str__(self) -> str:
+        lines = []
+        for step in self.steps:
+            if isinstance(step, ExternCall):
+                outputs = ", ".join(o.name for o in step.outputs if o is not None)
+                lines.append(f"{step.name}: {step.op} -> {outputs or 'nothing'}")
+                continue
+            shape = f"reduction x={step.numel} r={step.rnumel}" if step.rnumel > 1 else f"pointwise x={step.numel}"
+            members = []
+            for node in step.nodes:
+                note = " (in place)" if node.mutates is not None else " (stored)" if node.name in self.stored else ""
+                members.append(node.name + note)
+            lines.append(f"{step.name}: {shape}: {', '.join(members)}")
+        return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass
+class _Group:
+    """A kernel group while fusion is still adding to it."""
+
+    numel: int
+    rnumel: int
+    nodes: list
+    position: int
+
+    @property
+    def is_reduction(self) -> bool:
+        return any(isinstance(n.body, ReductionBody) for n in self.nodes)
+
+
+def _reshaped_for(group: _Group, buffer: ComputedBuffer) -> Optional[_Group]:
+    """An elementwise kernel over N*D elements can become a (rows=N, row length=D) kernel, so
+    that a reduction over its rows joins it (the producer of a softmax's input)."""
+    if group.rnumel != 1 or not isinstance(buffer.body, ReductionBody):
+        return None
+    numel, rnumel = kernel_shape(buffer)
+    if rnumel == 1 or numel * rnumel != group.numel:
+        return None
+    if any(node_indices(n, numel, rnumel) is None or n.mutates is not None for n in group.nodes):
+        return None
+    return _Group(numel, rnumel, group.nodes, group.position)
+
+
+def _same_element(reads: BufferReads, member: ComputedBuffer, index: sympy.Expr, group: _Group) -> bool:
+    return sympy.expand(index - reads.write_index(member, group.numel, group.rnumel)) == 0
+
+
+def _fits(group: _Group, buffer: ComputedBuffer, reads: BufferReads, produced_at: dict[str, int],
+          readers_after: dict[str, list[int]]) -> bool:
+    if isinstance(buffer.body, ReductionBody) and kernel_shape(buffer) != (group.numel, group.rnumel):
+        return False
+    if node_indices(buffer, group.numel, group.rnumel) is None:
+        return False
+    if buffer.mutates is not None and group.rnumel != 1:
+        return False
+    if group.numel == 1 and group.rnumel > config.persistent_reduction_limit and not isinstance(buffer.body, ReductionBody):
+        return False  # one program would do all the work
+    indexed = reads.in_kernel(buffer, group.numel, group.rnumel)
+    if indexed is None:
+        return False
+    members = {n.name: n for n in group.nodes}
+    for name, index in indexed:
+        if name in members:
+            if index.free_symbols - {XINDEX, RINDEX}:
+                return False
+            if not _same_element(reads, members[name], index, group):
+                return False
+        elif produced_at.get(name, -1) > group.position:
+            return False
+    if buffer.mutates is not None:
+        # a write into an input must not overtake a read of the old value elsewhere
+        if any(p > group.position for p in readers_after.get(buffer.name, [])):
+            return False
+        write = reads.write_index(buffer, group.numel, group.rnumel)
+        for member in group.nodes:
+            for name, index in reads.in_kernel(member, group.numel, group.rnumel) or ():
+                if name == buffer.name and sympy.expand(index - write) != 0:
+                    return False
+    return True
+
+
+def _sibling_kind(group: _Group, buffer: ComputedBuffer) -> bool:
+    """Kernels that share only inputs fuse when both are elementwise or both reduce; an
+    elementwise buffer never rides along with an unrelated reduction."""
+    if isinstance(buffer.body, ReductionBody) == group.is_reduction:
+        return True
+    # an elementwise buffer over the same rows reads them while they are in registers
+    return group.is_reduction and kernel_shape(buffer)[0] == group.numel * group.rnumel
+
+
+def _candidates(steps: list, op: ComputedBuffer, reads: BufferReads, produced_at: dict[str, int],
+                group_reads: dict[int, set[str]]) -> list[int]:
+    """Kernels ``op`` may join, best first: its producers (latest first), kernels that read
+    the same buffers, then the latest independent reduction of the same shape."""
+    own = reads.of(op)
+    producers = sorted({produced_at[n] for n in own
+                        if n in produced_at and isinstance(steps[produced_at[n]], _Group)}, reverse=True)
+    siblings = sorted((i for i, s in enumerate(steps) if isinstance(s, _Group) and i not in producers
+                       and _sibling_kind(s, op) and own & group_reads.get(i, set())), reverse=True)
+    # independent reductions of the same shape share a launch (the two column sums of a
+    # layer norm's backward)
+    same_shape = [i for i, s in enumerate(steps) if isinstance(s, _Group) and s.is_reduction
+                  and isinstance(op.body, ReductionBody) and i not in producers and i not in siblings
+                  and (s.numel, s.rnumel) == kernel_shape(op)][-1:]
+    return producers + siblings + same_shape
+
+
+def fuse(lowered: LoweredGraph, reads: BufferReads) -> KernelPlan:
+    steps: list[Any] = []
+    produced_at: dict[str, int] = {}  # buffer name -> step that produces it
+    readers_after: dict[str, list[int]] = {}  # buffer name -> steps that read it
+    group_reads: dict[int, set[str]] = {}  # step -> names its members read
+    for op in lowered.operations:
+        if isinstance(op, ExternCall):
+            position = len(steps)
+            steps.append(op)
+            for name in reads.of(op):
+                readers_after.setdefault(name, []).append(position)
+            for out in op.outputs:
+                if out is not None:
+                    produced_at[out.name] = position
+            continue
+        chosen = None
+        for position in _candidates(steps, op, reads, produced_at, group_reads):
+            if _fits(steps[position], op, reads, produced_at, readers_after):
+                chosen = steps[position]
+                break
+            reshaped = _reshaped_for(steps[position], op)
+            if reshaped is not None and _fits(reshaped, op, reads, produced_at, readers_after):
+                steps[position] = chosen = reshaped
+                break
+        if chosen is None:
+            chosen = _Group(*kernel_shape(op), [], len(steps))
+            steps.append(chosen)
+        chosen.nodes.append(op)
+        group_reads.setdefault(chosen.position, set()).update(reads.of(op))
+        if op.mutates is None:
+            produced_at[op.name] = chosen.position
+        for name in reads.of(op):
+            readers_after.setdefault(name, []).append(chosen.position)
+
+    # what must reach memory: outputs, mutations, and anything another step reads
+    stored = {v.buffer.name for v in lowered.outputs if hasattr(v, "buffer")}
+    stored |= {op.name for op in lowered.operations if isinstance(op, ComputedBuffer) and op.mutates is not None}
+    for name, readers in readers_after.items():
+        if name in produced_at and any(r != produced_at[name] for r in readers):
+            stored.add(name)
+
+    names = iter(range(len(steps)))
+    final = tuple(KernelGroup(f"kernel{next(names)}", s.numel, s.rnumel, tuple(s.nodes)) if isinstance(s, _Group) else s
+                  for s in steps)
+    return KernelPlan(final, frozenset(stored))
