@@ -3,6 +3,7 @@ that the ops the issue lists are fused into generated kernels, not run as ATen f
 from __future__ import annotations
 
 import copy
+import sys
 import os
 
 import pytest

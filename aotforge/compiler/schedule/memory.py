@@ -6,7 +6,7 @@ computed buffer whose memory a later buffer of the same size and dtype can take 
 that buffer (no allocator call, and the memory is warm); anything else is deleted at once::
 
     kernel0: allocate buf1
-    extern0: after: free buf1 (kept for buf4)
+    extern0: after: free buf1 (kept)
     kernel1: allocate buf4 in buf1's memory; after: free primals_1
 """
 from __future__ import annotations
@@ -29,14 +29,14 @@ class Allocation:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
+    steps: tuple  # the name of each step of the plan (kernel group or extern call)
     allocations: dict  # step index -> tuple of Allocation, made before the step runs
     frees: dict  # step index -> names deleted after the step
     kept: dict  # step index -> names released after the step but kept for a later Allocation
 
     def __str__(self) -> str:
         lines = []
-        steps = sorted(set(self.allocations) | set(self.frees) | set(self.kept))
-        for index in steps:
+        for index, name in enumerate(self.steps):
             parts = []
             allocations = [a.buffer if a.reuses is None else f"{a.buffer} in {a.reuses}'s memory"
                            for a in self.allocations.get(index, ())]
@@ -45,7 +45,7 @@ class MemoryPlan:
             released = list(self.frees.get(index, ())) + [f"{n} (kept)" for n in self.kept.get(index, ())]
             if released:
                 parts.append("after: free " + ", ".join(released))
-            lines.append(f"step {index}: " + "; ".join(parts))
+            lines.append(f"{name}: " + ("; ".join(parts) or "-"))
         return "\n".join(lines) + "\n"
 
 
@@ -68,7 +68,7 @@ def _last_uses(plan: KernelPlan, reads: BufferReads) -> dict[str, int]:
                 used |= reads.of(node)
                 if node.mutates is not None:  # a write into a buffer is a use of it
                     used.add(node.name)
-        for name in used:
+        for name in sorted(used):
             last[name] = index
     return last
 
@@ -81,7 +81,7 @@ def plan_memory(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> 
     no_reuse = {n for s in plan.steps if isinstance(s, ExternCall) and _may_alias(s) for n in reads.of(s)}
 
     releases: dict[int, list[str]] = {}
-    for name, index in _last_uses(plan, reads).items():
+    for name, index in sorted(_last_uses(plan, reads).items(), key=lambda item: (item[1], item[0])):
         if name in outputs or name in lowered.constants or (name in produced and name not in plan.stored):
             continue
         releases.setdefault(index, []).append(name)
@@ -111,7 +111,7 @@ def plan_memory(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> 
     for index, names in releases.items():
         frees[index] = tuple(n for n in names if n not in taken)
         kept[index] = tuple(n for n in names if n in taken)
-    return MemoryPlan(allocations, {k: v for k, v in frees.items() if v}, {k: v for k, v in kept.items() if v})
+    return MemoryPlan(tuple(s.name for s in plan.steps), allocations, {k: v for k, v in frees.items() if v}, {k: v for k, v in kept.items() if v})
 
 
 def _take(pool: list[str], buffers: dict, buffer: ComputedBuffer) -> Optional[str]:
