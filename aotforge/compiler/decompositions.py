@@ -9,6 +9,8 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from .. import op_table
+
 aten = torch.ops.aten
 
 # decomposed on top of core ATen, so the scheduler sees their reductions and pointwise math
@@ -27,10 +29,6 @@ EXTRA_DECOMPOSITIONS = [
     "embedding_dense_backward", "linalg_vector_norm", "native_dropout_backward",
 ]  # by name: not every op exists in every supported torch version
 
-# kept whole: their ATen kernels (cuBLAS, cuDNN, flash attention) beat anything generated
-KEEP_WHOLE = [aten.addmm, aten.mm, aten.bmm, aten.convolution, aten.convolution_backward,
-              aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
-              aten.var_mean]
 
 
 @functools.lru_cache(None)
@@ -38,7 +36,7 @@ def _table() -> dict:
     table = dict(core_aten_decompositions())
     extras = [getattr(aten, name) for name in EXTRA_DECOMPOSITIONS if hasattr(aten, name)]
     table.update(get_decompositions(extras))
-    for packet in KEEP_WHOLE:
+    for packet in op_table.kept_whole():  # cuBLAS, cuDNN, flash attention: run as externs
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     # Core ATen decomposes the CPU flash-attention forward into math whose saved logsumexp

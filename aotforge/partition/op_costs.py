@@ -1,6 +1,6 @@
 """What the partitioner knows about each ATen op: may it be recomputed, and what does it cost.
 
-Every op falls in one *kind*, looked up in ``OP_KINDS`` by its overload packet
+Every op falls in one *kind*, looked up in ``aotforge.op_table`` by its overload packet
 (``aten.gelu``, not ``aten.gelu.default``). Ops missing from the table fall back on the tags
 PyTorch puts on them (``nondeterministic_seeded`` -> random, ``pointwise`` -> pointwise), and
 anything still unknown is treated as not recomputable: recomputing an op we know nothing
@@ -32,86 +32,18 @@ from typing import Callable, Iterable
 import torch
 import torch.fx as fx
 
+from .. import op_table
+from ..op_table import (CAST, COMPUTE, CREATION, GETITEM, INDEXING, POINTWISE, RANDOM, REDUCTION,  # noqa: F401
+                        UNKNOWN, VIEW, packet_of)
+
 aten = torch.ops.aten
 
-VIEW = "view"
-POINTWISE = "pointwise"
-REDUCTION = "reduction"
-CAST = "cast"
-CREATION = "creation"
-INDEXING = "indexing"
 SYMBOLIC = "symbolic"
-GETITEM = "getitem"
-COMPUTE = "compute"
-RANDOM = "random"
-UNKNOWN = "unknown"
 
 # Kinds the min-cut may always move into the backward.
 RECOMPUTABLE_KINDS = frozenset(
     {VIEW, POINTWISE, REDUCTION, CAST, CREATION, INDEXING, SYMBOLIC, GETITEM}
 )
-
-
-def _packets(namespace, names: Iterable[str]) -> list:
-    """The packets among ``names`` that this torch version has (2.11 to 2.13 differ a bit)."""
-    return [getattr(namespace, name) for name in names if hasattr(namespace, name)]
-
-
-def _table() -> dict:
-    kinds: dict = {}
-
-    def add(kind: str, namespace, names: str) -> None:
-        for packet in _packets(namespace, names.split()):
-            kinds[packet] = kind
-
-    add(VIEW, aten, """view _unsafe_view reshape t transpose permute expand slice select squeeze
-        unsqueeze alias as_strided split split_with_sizes unbind chunk narrow diagonal unfold
-        view_as_real view_as_complex detach numpy_T""")
-    add(REDUCTION, aten, """sum mean amax amin max min var var_mean std std_mean prod logsumexp
-        _softmax _log_softmax native_layer_norm native_group_norm native_batch_norm
-        _native_batch_norm_legit _native_batch_norm_legit_functional
-        _native_batch_norm_legit_no_training argmax argmin any all norm linalg_vector_norm
-        cumsum max_pool2d_with_indices avg_pool2d adaptive_avg_pool2d _adaptive_avg_pool2d
-        _grad_sum_to_size sum_to_size""")
-    add(CAST, aten, "_to_copy to type_as clone lift_fresh_copy contiguous")
-    add(CREATION, aten, """full zeros ones empty empty_like empty_strided zeros_like ones_like
-        full_like new_zeros new_ones new_full new_empty arange scalar_tensor eye linspace""")
-    add(INDEXING, aten, """index gather index_select embedding cat stack constant_pad_nd
-        scatter scatter_add index_put slice_scatter select_scatter as_strided_scatter
-        diagonal_scatter triu tril flip roll repeat masked_fill where""")
-    add(COMPUTE, aten, """mm addmm bmm baddbmm convolution convolution_backward _convolution
-        _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
-        _scaled_dot_product_cudnn_attention _scaled_dot_product_flash_attention_for_cpu
-        _scaled_dot_product_fused_attention_overrideable _flash_attention_forward
-        _efficient_attention_forward _scaled_mm upsample_bilinear2d""")
-    add(RANDOM, aten, """native_dropout bernoulli rand rand_like randn randn_like randint
-        randint_like randperm normal uniform exponential multinomial poisson rrelu_with_noise
-        _fused_dropout""")
-    if hasattr(torch.ops, "prims"):
-        add(VIEW, torch.ops.prims, "broadcast_in_dim view_of collapse_view split_dim squeeze")
-        add(CAST, torch.ops.prims, "convert_element_type")
-        add(REDUCTION, torch.ops.prims, "sum var amax amin prod")
-        add(CREATION, torch.ops.prims, "iota full full_like")
-    # Functionalized RNG: philox ops are deterministic given (seed, offset), so they are pure
-    # functions the backward may replay.
-    if hasattr(torch.ops, "rngprims"):
-        add(POINTWISE, torch.ops.rngprims, "philox_rand")
-    kinds[operator.getitem] = GETITEM
-    return kinds
-
-
-OP_KINDS: dict = _table()
-
-# Ops that other libraries register only when they are imported (so no packet exists when
-# this module loads), keyed by qualified name. Inductor's decompositions emit these two.
-LATE_OP_KINDS: dict[str, str] = {
-    "prims::_low_memory_max_pool_with_offsets": REDUCTION,
-    "prims::_low_memory_max_pool_offsets_to_indices": INDEXING,
-}
-
-
-def _packet_of(target):
-    return getattr(target, "overloadpacket", target)
 
 
 def op_kind(node: fx.Node) -> str:
@@ -124,20 +56,11 @@ def op_kind(node: fx.Node) -> str:
         return UNKNOWN
     if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return SYMBOLIC
-    packet = _packet_of(node.target)
-    kind = OP_KINDS.get(packet) or LATE_OP_KINDS.get(getattr(packet, "_qualified_op_name", ""))
-    if kind is not None:
-        return kind
-    tags = getattr(node.target, "tags", ())
-    if torch.Tag.nondeterministic_seeded in tags:
-        return RANDOM
-    if torch.Tag.pointwise in tags:
-        return POINTWISE
-    return UNKNOWN
+    return op_table.kind(node.target)
 
 
 def is_view(node: fx.Node) -> bool:
-    return node.op == "call_function" and OP_KINDS.get(_packet_of(node.target)) == VIEW
+    return node.op == "call_function" and op_table.kind(node.target) == VIEW
 
 
 def view_base(node: fx.Node) -> fx.Node:
@@ -242,7 +165,7 @@ FLOP_ESTIMATES: dict[object, Callable[[fx.Node], int]] = {
     aten.convolution_backward: _conv_backward_flops,
     **{
         packet: _attention_flops
-        for packet in _packets(
+        for packet in op_table.packets(
             aten,
             """_scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
             _scaled_dot_product_cudnn_attention _scaled_dot_product_flash_attention_for_cpu
@@ -255,7 +178,7 @@ FLOP_ESTIMATES: dict[object, Callable[[fx.Node], int]] = {
 
 def estimate_flops(node: fx.Node) -> int:
     """Rough floating-point operations of one node; memory-bound ops count one per element."""
-    estimate = FLOP_ESTIMATES.get(_packet_of(node.target))
+    estimate = FLOP_ESTIMATES.get(packet_of(node.target))
     if estimate is not None:
         try:
             return max(int(estimate(node)), 1)

@@ -74,7 +74,7 @@ def build_timm_resnet50(mode: str, quick: bool) -> Case:
     import timm
 
     model = timm.create_model("resnet50", pretrained=False, num_classes=1000)
-    batch, size = (2, 32) if quick else (64, 224)
+    batch, size = (2, 32) if quick else (128 if mode == "infer" else 64, 224)
     images = torch.randn(batch, 3, size, size)
     if mode == "infer":
         return Case(ClassifierLoss(model), (images,))
@@ -84,5 +84,5 @@ def build_timm_resnet50(mode: str, quick: bool) -> Case:
 HF_WORKLOADS = [
     Workload("hf_gpt2", "hf", build_gpt2, "GPT2LMHeadModel (124M config), 8x512 tokens", ("transformers",)),
     Workload("hf_bert", "hf", build_bert, "BertForMaskedLM (base config), 16x512 tokens", ("transformers",)),
-    Workload("timm_resnet50", "hf", build_timm_resnet50, "timm resnet50, 64 images of 224x224", ("timm",)),
+    Workload("timm_resnet50", "hf", build_timm_resnet50, "timm resnet50, 224x224 images: 64 in training, 128 in inference", ("timm",)),
 ]

@@ -111,6 +111,19 @@ def build_nanogpt(mode: str, quick: bool) -> Case:
     return Case(model, (idx, torch.randint(0, vocab, (batch, length))))
 
 
+def build_nanogpt124m(mode: str, quick: bool) -> Case:
+    """GPT-2 small's shape (12 layers, d=768, 12 heads, vocab 50304), 8 sequences of 1024."""
+    if quick:
+        vocab, length, n_layer, n_head, n_embd, batch = 64, 16, 2, 2, 32, 2
+    else:
+        vocab, length, n_layer, n_head, n_embd, batch = 50304, 1024, 12, 12, 768, 8
+    model = NanoGPT(vocab, length, n_layer, n_head, n_embd)
+    idx = torch.randint(0, vocab, (batch, length))
+    if mode == "infer":
+        return Case(model, (idx,))
+    return Case(model, (idx, torch.randint(0, vocab, (batch, length))))
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
@@ -162,5 +175,6 @@ def build_resnet(mode: str, quick: bool) -> Case:
 MODEL_WORKLOADS = [
     Workload("mlp", "models", build_mlp, "4x (Linear, LayerNorm, GELU), 8192x1024 -> 4096"),
     Workload("nanogpt", "models", build_nanogpt, "6-layer GPT, d=512, 8 heads, 16x512 tokens"),
+    Workload("nanogpt124m", "models", build_nanogpt124m, "nanoGPT-124M: 12 layers, d=768, 12 heads, 8x1024 tokens"),
     Workload("resnet", "models", build_resnet, "ResNet-18-style CNN, 64 images of 128x128"),
 ]

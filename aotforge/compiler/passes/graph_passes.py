@@ -6,13 +6,10 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from ... import op_table
+
 aten = torch.ops.aten
 
-# ops whose result differs between two calls with the same arguments
-NONDETERMINISTIC = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
-                    "native_dropout", "normal", "uniform", "exponential", "multinomial", "randperm",
-                    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
-                    "seed", "philox_rand"}
 
 
 def _is_pure(node: fx.Node) -> bool:
@@ -22,7 +19,7 @@ def _is_pure(node: fx.Node) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         if target._schema.is_mutable:
             return False
-        return target._schema.name.split("::")[-1] not in NONDETERMINISTIC
+        return not op_table.info(target).distinct  # random draws, fresh uninitialized memory
     return target.__module__ == "_operator"
 
 

@@ -18,6 +18,7 @@ Buffers that nothing outside their kernel reads are never stored::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import sympy
@@ -96,8 +97,13 @@ def _reshaped_for(group: _Group, buffer: ComputedBuffer) -> Optional[_Group]:
     return _Group(numel, rnumel, group.nodes, group.position)
 
 
+@functools.lru_cache(maxsize=65536)
+def same_index(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return a == b or sympy.expand(a - b) == 0
+
+
 def _same_element(reads: BufferReads, member: ComputedBuffer, index: sympy.Expr, group: _Group) -> bool:
-    return sympy.expand(index - reads.write_index(member, group.numel, group.rnumel)) == 0
+    return same_index(index, reads.write_index(member, group.numel, group.rnumel))
 
 
 def _fits(group: _Group, buffer: ComputedBuffer, reads: BufferReads, produced_at: dict[str, int],
@@ -129,7 +135,7 @@ def _fits(group: _Group, buffer: ComputedBuffer, reads: BufferReads, produced_at
         write = reads.write_index(buffer, group.numel, group.rnumel)
         for member in group.nodes:
             for name, index in reads.in_kernel(member, group.numel, group.rnumel) or ():
-                if name == buffer.name and sympy.expand(index - write) != 0:
+                if name == buffer.name and not same_index(index, write):
                     return False
     return True
 

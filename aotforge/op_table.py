@@ -1,0 +1,131 @@
+"""What aotforge knows about each ATen op, in one table keyed by the op's overload packet
+(``aten.gelu``, not ``aten.gelu.default``), read by the partitioner, the graph passes and the
+compiler alike.
+
+Each op has a *kind* and two flags::
+
+    kind        view, pointwise, reduction, cast, creation, indexing, compute, random
+    kept_whole  never decomposed: its ATen kernel (cuBLAS, cuDNN, flash attention) beats
+                anything generated, so the compiler calls it as an extern
+    distinct    two calls with the same arguments give different results (random draws,
+                uninitialized memory): never merged by CSE
+
+Ops missing from the table fall back on PyTorch's tags (``nondeterministic_seeded`` ->
+random, ``pointwise`` -> pointwise) and are otherwise unknown.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Iterable
+
+import torch
+
+aten = torch.ops.aten
+
+VIEW = "view"
+POINTWISE = "pointwise"
+REDUCTION = "reduction"
+CAST = "cast"
+CREATION = "creation"
+INDEXING = "indexing"
+COMPUTE = "compute"
+RANDOM = "random"
+GETITEM = "getitem"
+UNKNOWN = "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    kind: str
+    kept_whole: bool = False
+    distinct: bool = False
+
+
+def packets(namespace: Any, names: Iterable[str]) -> list:
+    """The packets among ``names`` that this torch version has (2.11 to 2.13 differ a bit)."""
+    return [getattr(namespace, name) for name in names if hasattr(namespace, name)]
+
+
+def _table() -> dict:
+    table: dict = {}
+
+    def add(namespace: Any, names: str, kind: str, **flags: bool) -> None:
+        for packet in packets(namespace, names.split()):
+            table[packet] = OpInfo(kind, **flags)
+
+    add(aten, """view _unsafe_view reshape t transpose permute expand slice select squeeze
+        unsqueeze alias as_strided split split_with_sizes unbind chunk narrow diagonal unfold
+        view_as_real view_as_complex detach numpy_T""", VIEW)
+    add(aten, """sum mean amax amin max min var std std_mean prod logsumexp
+        _softmax _log_softmax native_layer_norm native_group_norm native_batch_norm
+        _native_batch_norm_legit _native_batch_norm_legit_functional
+        _native_batch_norm_legit_no_training argmax argmin any all norm linalg_vector_norm
+        cumsum max_pool2d_with_indices avg_pool2d adaptive_avg_pool2d _adaptive_avg_pool2d
+        _grad_sum_to_size sum_to_size""", REDUCTION)
+    add(aten, "var_mean", REDUCTION, kept_whole=True)
+    add(aten, "_to_copy to type_as clone lift_fresh_copy contiguous", CAST)
+    add(aten, """full zeros ones zeros_like ones_like full_like new_zeros new_ones new_full
+        arange scalar_tensor eye linspace""", CREATION)
+    add(aten, "empty empty_like empty_strided new_empty new_empty_strided", CREATION, distinct=True)
+    add(aten, """index gather index_select embedding cat stack constant_pad_nd
+        scatter scatter_add index_put slice_scatter select_scatter as_strided_scatter
+        diagonal_scatter triu tril flip roll repeat masked_fill where""", INDEXING)
+    add(aten, """mm addmm bmm convolution convolution_backward
+        _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention""", COMPUTE, kept_whole=True)
+    add(aten, """baddbmm _convolution _scaled_dot_product_cudnn_attention
+        _scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_fused_attention_overrideable
+        _flash_attention_forward _efficient_attention_forward _scaled_mm upsample_bilinear2d""", COMPUTE)
+    add(aten, """native_dropout bernoulli rand rand_like randn randn_like randint randint_like
+        randperm normal uniform exponential multinomial poisson rrelu_with_noise _fused_dropout
+        seed""", RANDOM, distinct=True)
+    if hasattr(torch.ops, "prims"):
+        add(torch.ops.prims, "broadcast_in_dim view_of collapse_view split_dim squeeze", VIEW)
+        add(torch.ops.prims, "convert_element_type", CAST)
+        add(torch.ops.prims, "sum var amax amin prod", REDUCTION)
+        add(torch.ops.prims, "iota full full_like", CREATION)
+    # Functionalized RNG: philox ops are deterministic given (seed, offset), so they are pure
+    # functions the backward may replay; CSE still leaves each draw alone.
+    if hasattr(torch.ops, "rngprims"):
+        add(torch.ops.rngprims, "philox_rand", POINTWISE, distinct=True)
+    table[operator.getitem] = OpInfo(GETITEM)
+    return table
+
+
+OPS: dict = _table()
+
+# Ops that other libraries register only when they are imported (so no packet exists when
+# this module loads), keyed by qualified name. Inductor's decompositions emit these two.
+LATE_OPS: dict[str, OpInfo] = {
+    "prims::_low_memory_max_pool_with_offsets": OpInfo(REDUCTION),
+    "prims::_low_memory_max_pool_offsets_to_indices": OpInfo(INDEXING),
+}
+
+_UNKNOWN = OpInfo(UNKNOWN)
+
+
+def packet_of(target: Any) -> Any:
+    return getattr(target, "overloadpacket", target)
+
+
+def info(target: Any) -> OpInfo:
+    """What the table knows of an op (an overload, a packet or ``operator.getitem``)."""
+    packet = packet_of(target)
+    found = OPS.get(packet) or LATE_OPS.get(getattr(packet, "_qualified_op_name", ""))
+    if found is not None:
+        return found
+    tags = getattr(target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        return OpInfo(RANDOM, distinct=True)
+    if torch.Tag.pointwise in tags:
+        return OpInfo(POINTWISE)
+    return _UNKNOWN
+
+
+def kind(target: Any) -> str:
+    return info(target).kind
+
+
+def kept_whole() -> list:
+    """The packets the compiler never decomposes."""
+    return [packet for packet, entry in OPS.items() if entry.kept_whole]
