@@ -47,8 +47,6 @@ POINTWISE_TABLE: dict[Any, tuple[str, str]] = {
     aten.div.Tensor: ("truediv", "INT_TO_FLOAT"), aten.div.Scalar: ("truediv", "INT_TO_FLOAT"),
     aten.neg.default: ("neg", "DEFAULT"), aten.abs.default: ("abs", "DEFAULT"),
     aten.maximum.default: ("maximum", "DEFAULT"), aten.minimum.default: ("minimum", "DEFAULT"),
-    aten.remainder.Tensor: ("remainder", "DEFAULT"), aten.remainder.Scalar: ("remainder", "DEFAULT"),
-    aten.fmod.Tensor: ("fmod", "DEFAULT"), aten.fmod.Scalar: ("fmod", "DEFAULT"),
     aten.atan2.default: ("atan2", "INT_TO_FLOAT"),
     aten.copysign.Tensor: ("copysign", "INT_TO_FLOAT"), aten.copysign.Scalar: ("copysign", "INT_TO_FLOAT"),
     aten.hypot.default: ("hypot", "DEFAULT"),
@@ -123,20 +121,36 @@ def pow_tensor_scalar(base: Value, exponent: Any) -> Value:
     return make_pointwise("pow", "BOOL_TO_LONG")(base, exponent)
 
 
+def integer_division(op_name: str) -> Callable:
+    """``//``, ``%`` and ``fmod``: integer division by zero raises in eager (ZeroDivisionError
+    on the CPU), which a kernel cannot do. So integer division is lowered only by a non-zero
+    constant divisor (``i // 4``, ``i % 3``: index arithmetic, kept fused); by a tensor it
+    runs as the ATen call, which raises exactly as eager does."""
+    pointwise = make_pointwise(op_name)
+
+    def lower(a: Any, b: Any) -> Value:
+        compute, _ = promoted_dtype(a, b)
+        if not compute.is_floating_point and (isinstance(b, Value) or b == 0):
+            raise NotLowerable(f"integer {op_name} by a divisor that may be zero")
+        return pointwise(a, b)
+    return lower
+
+
+for _op, _name in [(aten.remainder.Tensor, "remainder"), (aten.remainder.Scalar, "remainder"),
+                   (aten.fmod.Tensor, "fmod"), (aten.fmod.Scalar, "fmod"),
+                   (aten.floor_divide.default, "floordiv"), (aten.floor_divide.Scalar, "floordiv")]:
+    register(_op)(integer_division(_name))
+
+
 @register(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(a: Any, b: Any, *, rounding_mode: Any = None) -> Value:
     if rounding_mode is None:
         return make_pointwise("truediv", "INT_TO_FLOAT")(a, b)
     if rounding_mode == "floor":
-        return make_pointwise("floordiv")(a, b)
+        return integer_division("floordiv")(a, b)
     if rounding_mode == "trunc":
-        return make_pointwise("truncdiv")(a, b)
+        return integer_division("truncdiv")(a, b)
     raise NotLowerable(f"rounding_mode={rounding_mode!r}")
-
-
-@register(aten.floor_divide.default, aten.floor_divide.Scalar)
-def floor_divide(a: Any, b: Any) -> Value:
-    return make_pointwise("floordiv")(a, b)
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)

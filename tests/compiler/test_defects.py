@@ -1,0 +1,152 @@
+"""Defects found by probing the compiler (issue 10), each compared with eager on the CPU
+through the Triton path (kernels run by Triton's interpreter)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .helpers import compile_and_run
+
+f64 = dict(dtype=torch.float64)
+nan, inf = float("nan"), float("inf")
+LOOPED = dict(persistent_reduction_limit=16)  # rows longer than 16 walk the row in a loop
+
+
+def assert_same(actual, expected):
+    """Exact equality, NaN equal to NaN, dtypes included."""
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape, (a, e)
+        torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True)
+
+
+def run_and_compare(fn, *args, path: str, **patches) -> dict:
+    """Compile ``fn``, check it against eager and that its reduction took ``path``."""
+    outputs, info = compile_and_run(fn, *args, **patches)
+    assert_same(outputs, fn(*args))
+    assert info["path"] == "triton" and info["kernels"] >= 1
+    looped = "for roffset in range(0, rnumel, RBLOCK)" in info["kernel_source"]
+    assert looped == (path == "looped"), info["kernel_source"]
+    return info
+
+
+def rows_with_special_values() -> torch.Tensor:
+    """One row per case: NaNs (the first at 7), all -inf, all +inf, ties of the max and the
+    min, one value repeated, and a NaN at the very end."""
+    x = torch.randn(7, 50, **f64)
+    x[0, 7], x[0, 30] = nan, nan
+    x[1] = -inf
+    x[2] = inf
+    x[3, 3], x[3, 40] = 9.0, 9.0
+    x[3, 5], x[3, 41] = -9.0, -9.0
+    x[4] = 1.5
+    x[5, 49] = nan
+    x[6, 0] = -inf
+    x[6, 20] = inf
+    return x
+
+
+MAX_MIN_CASES = {
+    "amax_amin": lambda x: (x.amax(-1), x.amin(-1)),
+    "amax_amin_keepdim_dim0": lambda x: (x.t().amax(0, keepdim=True), x.t().amin(0, keepdim=True)),
+    "max_min_all": lambda x: (x.max(), x.min()),
+    "max_min_dim": lambda x: tuple(x.max(-1)) + tuple(x.min(-1)),
+    "argmax_argmin": lambda x: (x.argmax(-1), x.argmin(-1)),
+    "argmax_argmin_all": lambda x: (x.argmax(), x.argmin()),
+    "argmax_argmin_all_rows": lambda x: (x[1:5].argmax(), x[1:5].argmin(), x[3:5].argmax(), x[3:5].argmin()),
+}
+
+
+@pytest.mark.parametrize("path", ["persistent", "looped"])
+@pytest.mark.parametrize("case", MAX_MIN_CASES)
+def test_max_min_reductions_propagate_nan_and_pick_the_first_index(case, path):
+    patches = LOOPED if path == "looped" else {}
+    if path == "looped" and "all" in case:
+        patches = dict(persistent_reduction_limit=16, split_reduction_threshold=1 << 30)
+    run_and_compare(MAX_MIN_CASES[case], rows_with_special_values(), path=path, **patches)
+
+
+def test_split_max_min_reductions_propagate_nan():
+    x = torch.randn(512, 4, **f64)
+    x[300, 1], x[3, 2] = nan, nan
+    fn = lambda x: (x.amax(0), x.amin(0), x.max())
+    outputs, info = compile_and_run(fn, x, split_reduction_threshold=64)
+    assert_same(outputs, fn(x))
+
+
+@pytest.mark.parametrize("path", ["persistent", "looped"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.int32, torch.float32])
+def test_argmax_argmin_of_rows_equal_to_the_identity(dtype, path):
+    """Rows holding only the reduction's starting value (uint8 zeros for argmax, the integer
+    limits, +-inf) return the first index, 0, as eager does; ties keep the first index."""
+    if dtype.is_floating_point:
+        low, high = -inf, inf
+    else:
+        low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    x = torch.zeros(5, 40, dtype=dtype)
+    x[1], x[2] = low, high
+    x[3, 17], x[3, 33] = high, high
+    x[4, 17], x[4, 33] = low, low
+    fn = lambda x: (x.argmax(-1), x.argmin(-1), x.argmax(), x.argmin())
+    run_and_compare(fn, x, path=path, split_reduction_threshold=1 << 30, **(LOOPED if path == "looped" else {}))
+
+
+@pytest.mark.parametrize("op", ["maximum", "minimum", "clamp"])
+def test_pointwise_maximum_minimum_propagate_nan(op):
+    x, y = torch.randn(4, 8, **f64), torch.randn(4, 8, **f64)
+    x[0, 0], y[1, 1], x[2, 2], y[2, 2] = nan, nan, nan, nan
+    fn = {"maximum": lambda x, y: (torch.maximum(x, y),), "minimum": lambda x, y: (torch.minimum(x, y),),
+          "clamp": lambda x, y: (x.clamp(-0.5, 0.5), x.clamp(min=y), x.clamp(max=y))}[op]
+    outputs, info = compile_and_run(fn, x, y)
+    assert_same(outputs, fn(x, y))
+    assert info["kernels"] >= 1 and info["externs"] == 0
+
+
+# --- integer division by zero ------------------------------------------------------------
+
+INTEGER_DIVISIONS = {
+    "floor_divide": lambda a, b: (a // b,),
+    "remainder": lambda a, b: (a % b,),
+    "fmod": lambda a, b: (torch.fmod(a, b),),
+    "div_floor": lambda a, b: (torch.div(a, b, rounding_mode="floor"),),
+    "div_trunc": lambda a, b: (torch.div(a, b, rounding_mode="trunc"),),
+    "floor_divide_by_scalar_zero": lambda a, b: (a // 0,),
+    "remainder_by_scalar_zero": lambda a, b: (a % 0,),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+@pytest.mark.parametrize("case", INTEGER_DIVISIONS)
+def test_integer_division_by_zero_raises_as_eager(case, dtype):
+    a = torch.tensor([7, 9, 5, 3], dtype=dtype)
+    b = torch.tensor([2, 2, 0, 3], dtype=dtype)
+    fn = INTEGER_DIVISIONS[case]
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a, b)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compile_and_run(fn, a, b)
+
+
+@pytest.mark.parametrize("case", ["floor_divide", "remainder", "fmod", "div_floor", "div_trunc"])
+def test_integer_division_by_non_zero_tensors_matches_eager(case):
+    a = torch.tensor([7, -7, 5, -3, 0, 11])
+    b = torch.tensor([2, 2, -3, -3, 5, 1])
+    outputs, _ = compile_and_run(INTEGER_DIVISIONS[case], a, b)
+    assert_same(outputs, INTEGER_DIVISIONS[case](a, b))
+
+
+def test_integer_division_by_a_non_zero_constant_stays_fused():
+    a = torch.arange(-20, 20)
+    fn = lambda a: (a // 3 + a % 3 + torch.fmod(a, -3) + torch.div(a, -2, rounding_mode="trunc")
+                    + torch.div(a, 4, rounding_mode="floor"),)
+    outputs, info = compile_and_run(fn, a)
+    assert_same(outputs, fn(a))
+    assert info["kernels"] == 1 and info["externs"] == 0
+
+
+def test_float_division_by_zero_stays_fused():
+    a, b = torch.randn(6, **f64), torch.tensor([0.0, -0.0, 1.0, 2.0, 0.0, -3.0], **f64)
+    fn = lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc"))
+    outputs, info = compile_and_run(fn, a, b)
+    assert_same(outputs, fn(a, b))
+    assert info["externs"] == 0
