@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .helpers import compile_and_run
+import aotforge
+from aotforge.compiler import compile_fx_inner, select_decomposition_table
+from aotforge.config import config
+from aotforge.testing import verify
+
+from .helpers import compile_and_run, stats
 
 f64 = dict(dtype=torch.float64)
 nan, inf = float("nan"), float("inf")
@@ -150,3 +155,104 @@ def test_float_division_by_zero_stays_fused():
     outputs, info = compile_and_run(fn, a, b)
     assert_same(outputs, fn(a, b))
     assert info["externs"] == 0
+
+
+# --- crashes in the backward of 0-d reductions, gather, repeat_interleave, matrix_norm ------
+
+def compile_through_triton(paths: list):
+    """``verify``'s compile hook: aot_function with the compiler for every graph; records
+    which path each graph took, so that a test can insist on generated kernels."""
+
+    def compiler(gm, example_inputs):
+        compiled = compile_fx_inner(gm, example_inputs)
+        paths.append(stats()["path"])
+        return compiled
+
+    def compile(fn, mode):
+        return aotforge.aot_function(fn, fw_compiler=compiler, bw_compiler=compiler, inference_compiler=compiler,
+                                     decompositions=select_decomposition_table(),
+                                     keep_inference_input_mutations=(mode == "inference_keep_mutations"))
+    return compile
+
+
+def verify_through_triton(fn, make_inputs, **kwargs):
+    paths: list = []
+    with config.patch(triton_on_cpu=True):
+        verify(fn, make_inputs, compile=compile_through_triton(paths), **kwargs)
+    assert "triton" in paths, paths
+
+
+def scalar():
+    return (torch.tensor(3.0, **f64, requires_grad=True),)
+
+
+ZERO_DIM_REDUCTIONS = {
+    "sum": lambda x: x.sum(0), "sum_keepdim": lambda x: x.sum(-1, keepdim=True) * x,
+    "amax": lambda x: x.amax(0), "amin": lambda x: x.amin(-1),
+    "max_dim": lambda x: x.max(0)[0] * 2, "min_dim": lambda x: x.min(0, keepdim=True)[0] * 2,
+    "max_dim_indices": lambda x: x.max(0)[1], "argmax": lambda x: x.argmax(0),
+    "mean": lambda x: x.mean(dim=0), "prod": lambda x: x.prod(0), "var": lambda x: x.var(0, correction=0),
+    "softmax": lambda x: x.softmax(0), "log_softmax": lambda x: x.log_softmax(0),
+    "logsumexp": lambda x: x.logsumexp(0), "vector_norm": lambda x: torch.linalg.vector_norm(x, dim=0),
+}
+
+
+@pytest.mark.parametrize("case", ZERO_DIM_REDUCTIONS)
+def test_zero_dim_reductions_with_dim_forward_and_backward(case):
+    verify_through_triton(ZERO_DIM_REDUCTIONS[case], scalar)
+
+
+GATHER_LIKE = {
+    "gather": (lambda x, i: torch.gather(x, 1, i) * 2,
+               lambda: (torch.randn(3, 4, **f64, requires_grad=True), torch.tensor([[0, 2], [1, 1], [3, 0]]))),
+    "gather_0d": (lambda x, i: torch.gather(x, 0, i) * 2,
+                  lambda: (torch.tensor(3.0, **f64, requires_grad=True), torch.tensor(0))),
+    "gather_0d_into_1d_index": (lambda x, i: torch.gather(x, 0, i) * 2,
+                                lambda: (torch.tensor(3.0, **f64, requires_grad=True), torch.tensor([0]))),
+    "take_along_dim": (lambda x, i: torch.take_along_dim(x, i, dim=-1),
+                       lambda: (torch.randn(3, 4, **f64, requires_grad=True), torch.tensor([[0], [3], [1]]))),
+}
+
+
+@pytest.mark.parametrize("case", GATHER_LIKE)
+def test_gather_forward_and_backward(case):
+    fn, make_inputs = GATHER_LIKE[case]
+    verify_through_triton(fn, make_inputs)
+
+
+@pytest.mark.parametrize("shape, kwargs", [((), dict(repeats=2)), ((2, 3, 4), dict(repeats=2)),
+                                           ((2, 3, 4), dict(repeats=3, dim=1)), ((2, 3, 4), dict(repeats=2, dim=-1))])
+def test_repeat_interleave_forward_and_backward(shape, kwargs):
+    verify_through_triton(lambda x: x.repeat_interleave(**kwargs),
+                          lambda: (torch.randn(shape, **f64, requires_grad=True),))
+
+
+@pytest.mark.parametrize("ord", ["fro", "nuc", 1, -1, 2, -2, inf, -inf])
+@pytest.mark.parametrize("shape, dim, keepdim", [((3, 4), (-2, -1), False), ((2, 2), (-1, 0), True),
+                                                 ((2, 3, 2), (-2, -1), True), ((2, 3, 2), (0, 2), False)])
+def test_matrix_norm_forward_and_backward(ord, shape, dim, keepdim):
+    verify_through_triton(lambda x: torch.linalg.matrix_norm(x, ord, dim, keepdim),
+                          lambda: (torch.randn(shape, **f64, requires_grad=True),), rtol=1e-6, atol=1e-6)
+
+
+def test_keepdim_reduction_returned_as_a_views_base_has_eagers_strides():
+    verify_through_triton(lambda x: x.sum(-1, keepdim=True).unsqueeze(-1).permute(0, 2, 1),
+                          lambda: (torch.randn(3, 4, **f64, requires_grad=True),))
+
+
+def test_clone_of_an_expanded_view_has_eagers_strides():
+    verify_through_triton(lambda x: x.unsqueeze(1).expand(3, 2, 4).clone().view(6, 4),
+                          lambda: (torch.randn(3, 4, **f64, requires_grad=True),))
+
+
+def test_graph_without_inputs_compiles():
+    """Dynamo hands over a graph with no inputs when a graph break leaves only a constant
+    (``x.repeat_interleave(torch.tensor([...]))``); the wrapper must still be valid Python."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    fn = lambda x: x.repeat_interleave(torch.tensor([1, 0, 2]), dim=0) * 2
+    x = torch.randn(3, 4, **f64)
+    with config.patch(triton_on_cpu=True):
+        actual = torch.compile(fn, backend="aotforge")(x)
+    assert_same([actual], [fn(x)])

@@ -104,7 +104,7 @@ class WrapperCodegen:
     def generate(self) -> CompiledGraph:
         graph, plan = self.graph, self.plan
         names = [b.name if b is not None else f"arg_{i}" for i, b in enumerate(graph.inputs)]
-        self.lines += ["def call(args):", f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args",
+        self.lines += ["def call(args):", f"    {', '.join(names) or '()'}{',' if len(names) == 1 else ''} = args",
                        "    args.clear()"]
         mutated = {op.name for op in graph.operations if isinstance(op, ComputedBuffer) and op.mutates is not None}
         for buffer in graph.inputs:

@@ -5,10 +5,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..ir import Pointwise, Value
+from ..ir import Pointwise, StorageView, Value
 from ..ops import ops
 from .registry import (NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype, device_of,
-                       promoted_dtype, register, result_dtype)
+                       node_value, promoted_dtype, register, result_dtype)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -215,7 +215,17 @@ def to_copy(x: Value, *, dtype: Any = None, layout: Any = None, device: Any = No
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def clone(x: Value, *, memory_format: Any = None) -> Value:
     """A functional graph never observes the difference between a value and its copy, so a
-    clone costs nothing until something realizes it."""
+    clone costs nothing until something realizes it. Its layout is observable, though: a
+    clone of a view with other strides (``x.unsqueeze(2).expand(...).clone()``, stride 0)
+    becomes a lazy copy, which a graph output realizes with eager's strides."""
+    val = node_value()
+    if isinstance(x, StorageView) and isinstance(val, torch.Tensor) and len(val.shape) == len(x.size):
+        try:
+            expected = [int(s) for s in val.stride()]
+        except Exception:  # symbolic strides: nothing to compare
+            return x
+        if [int(s) for s in x.stride] != expected:
+            return Pointwise(x.size, x.dtype, x.device, x.make_loader())
     return x
 
 

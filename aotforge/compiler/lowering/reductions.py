@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from ...config import config
-from ..ir import Pointwise, StorageView, Value, product
+from ..ir import Pointwise, StorageView, Value, contiguous_strides, product
 from ..ops import ops
 from .registry import (NotLowerable, compute_dtype, current_graph, normalize_dim, register,
                        result_dtype)
@@ -48,11 +48,12 @@ def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_typ
         out = current_graph().add_reduction(ranges, reduction_ranges, reduction_type, value_at,
                                             source_dtype, out_dtype, x.device)
     if keepdim:
-        size, stride = list(out.size), list(out.stride)
+        # the kept dims of a reduction's buffer are contiguous; the size-1 dims get the strides
+        # eager gives them, so a graph output (or a view's base) has eager's exact layout
+        size = list(out.size)
         for d in dims:
             size.insert(d, sympy.Integer(1))
-            stride.insert(d, sympy.Integer(0))
-        out = StorageView(out.buffer, size, stride, out.offset)
+        out = StorageView(out.buffer, size, contiguous_strides(size), out.offset)
     return out
 
 
