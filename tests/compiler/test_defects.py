@@ -256,3 +256,113 @@ def test_graph_without_inputs_compiles():
     with config.patch(triton_on_cpu=True):
         actual = torch.compile(fn, backend="aotforge")(x)
     assert_same([actual], [fn(x)])
+
+
+@pytest.mark.parametrize("path", ["persistent", "looped"])
+def test_any_all_of_uint8_return_uint8(path):
+    x = torch.randint(0, 3, (4, 40), dtype=torch.uint8)
+    x[0] = 0
+    fn = lambda x: (x.any(-1), x.all(-1), x.any(), x.all(0, keepdim=True))
+    run_and_compare(fn, x, path=path, split_reduction_threshold=1 << 30, **(LOOPED if path == "looped" else {}))
+
+
+@pytest.mark.parametrize("shape", [(), (4, 40)])
+def test_argmax_of_bool_raises_as_eager(shape):
+    x = torch.rand(shape) > 0.5
+    with pytest.raises(RuntimeError, match="(?i)bool"):
+        x.argmax()
+    with pytest.raises(RuntimeError, match="(?i)bool"):
+        compile_and_run(lambda x: (x.argmax(-1), x.argmin()), x)
+
+
+# --- a randomized sweep over reductions -------------------------------------------------------
+
+SWEEP_REDUCTIONS = {
+    "sum": lambda x, dim, keepdim: x.sum(dim, keepdim=keepdim) if dim is not None else x.sum(),
+    "prod": lambda x, dim, keepdim: x.prod(dim, keepdim=keepdim) if isinstance(dim, int) else x.prod(),
+    "mean": lambda x, dim, keepdim: x.mean(dim, keepdim=keepdim) if dim is not None else x.mean(),
+    "amax": lambda x, dim, keepdim: x.amax(() if dim is None else dim, keepdim=keepdim),
+    "amin": lambda x, dim, keepdim: x.amin(() if dim is None else dim, keepdim=keepdim),
+    "max": lambda x, dim, keepdim: tuple(x.max(dim, keepdim=keepdim)) if isinstance(dim, int) else x.max(),
+    "argmax": lambda x, dim, keepdim: x.argmax(dim if isinstance(dim, int) else None, keepdim=keepdim),
+    "argmin": lambda x, dim, keepdim: x.argmin(dim if isinstance(dim, int) else None, keepdim=keepdim),
+    "any": lambda x, dim, keepdim: x.any(dim, keepdim=keepdim) if dim is not None else x.any(),
+    "all": lambda x, dim, keepdim: x.all(dim, keepdim=keepdim) if dim is not None else x.all(),
+    "var": lambda x, dim, keepdim: x.var(dim, keepdim=keepdim),
+    "std": lambda x, dim, keepdim: x.std(dim, keepdim=keepdim, correction=0),
+    # (eager's logsumexp over dim=() fails with a shape error of its own: name every dim)
+    "logsumexp": lambda x, dim, keepdim: x.logsumexp(tuple(range(x.dim())) or 0 if dim is None else dim, keepdim=keepdim),
+}
+SWEEP_DIMS = [None, 0, -1, (0, -1)]
+SWEEP_DTYPES = [torch.float64, torch.float32, torch.int64, torch.uint8, torch.bool]
+SWEEP_SPECIALS = ["random", "nan", "inf", "-inf", "mixed_inf", "all_equal", "ties"]
+# shape -> config patches: rows in registers, rows walked in a loop, long rows cut in pieces
+SWEEP_SHAPES = {
+    (5, 7): {}, (3, 40): LOOPED, (200, 3): dict(split_reduction_threshold=64), (2, 3, 33): LOOPED,
+    (37,): {}, (): {}, (0, 4): {}, (4, 0): {},
+}
+
+
+def sweep_input(shape, dtype, special, generator):
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5 if special != "all_equal" else torch.ones(shape, dtype=dtype)
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        x = torch.randint(max(info.min, -50), min(info.max, 50), shape, generator=generator, dtype=dtype)
+        if special == "all_equal":
+            x.fill_(info.max if dtype == torch.uint8 else 0)
+        elif special in ("inf", "-inf", "ties", "mixed_inf") and x.numel():
+            x.view(-1)[torch.randint(0, x.numel(), (3,), generator=generator)] = info.max if special == "inf" else info.min
+        return x
+    x = torch.randn(shape, generator=generator, dtype=dtype)
+    if not x.numel():
+        return x
+    flat = x.view(-1)
+    positions = torch.randint(0, x.numel(), (max(1, x.numel() // 10),), generator=generator)
+    if special in ("nan", "inf", "-inf"):
+        flat[positions] = {"nan": nan, "inf": inf, "-inf": -inf}[special]
+    elif special == "mixed_inf":
+        flat[positions] = inf
+        flat[positions.flip(0)[: len(positions) // 2]] = -inf
+    elif special == "all_equal":
+        x.fill_(-inf if x.numel() % 2 else 1.25)
+    elif special == "ties":
+        flat[positions] = 3.5
+        flat[positions.flip(0)] = -3.5
+    return x
+
+
+def sweep_cases(count: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    pick = lambda options: options[int(torch.randint(0, len(options), (1,), generator=generator))]
+    for _ in range(count):
+        shape = pick(list(SWEEP_SHAPES))
+        dim = pick(SWEEP_DIMS)
+        if len(shape) < 2 and isinstance(dim, tuple):
+            dim = 0
+        yield (pick(list(SWEEP_REDUCTIONS)), shape, dim, pick([False, True]), pick(SWEEP_DTYPES),
+               pick(SWEEP_SPECIALS), int(torch.randint(0, 2**31, (1,), generator=generator)))
+
+
+def check_sweep_case(name, shape, dim, keepdim, dtype, special, seed):
+    x = sweep_input(shape, dtype, special, torch.Generator().manual_seed(seed))
+    reduction = SWEEP_REDUCTIONS[name]
+    fn = lambda x: (lambda out: out if isinstance(out, tuple) else (out,))(reduction(x, dim, keepdim))
+    try:
+        expected = fn(x)
+    except Exception as error:  # eager rejects the case: so must the compiled graph (tracing
+        # raises torch's meta checks, which may come in another order than eager's)
+        with pytest.raises((type(error), RuntimeError, IndexError)):
+            compile_and_run(fn, x, **SWEEP_SHAPES[shape])
+        return
+    actual, info = compile_and_run(fn, x, **SWEEP_SHAPES[shape])
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape, (a, e)
+        tolerance = dict(rtol=1e-5, atol=1e-5) if e.dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(a, e, equal_nan=True, **(tolerance if e.dtype.is_floating_point else {}))
+
+
+@pytest.mark.parametrize("case", list(sweep_cases(200, seed=10)), ids=lambda case: "-".join(map(str, case[:-1])))
+def test_reduction_sweep_matches_eager(case):
+    check_sweep_case(*case)
