@@ -302,13 +302,16 @@ class TritonKernel:
         self.loop_prelude.append(f"{accumulator} = tl.full([XBLOCK, RBLOCK], {identity}, {TRITON_DTYPE[dtype]})")
         if kind.startswith("arg"):
             self.loop_prelude.append(f"{accumulator}_index = tl.full([XBLOCK, RBLOCK], {index_bound}, tl.int64)")
-            better = ">" if kind == "argmax" else "<"
-            self.loop.append(f"better_{buffer.name} = ({value} {better} {accumulator}) & {mask}")
+            # a lane's first valid element always replaces the identity it starts from (a row
+            # of -inf, of +inf or of uint8 zeros equals that identity and never beats it)
+            beats = "_beats_for_max" if kind == "argmax" else "_beats_for_min"
+            self.loop.append(f"better_{buffer.name} = (({beats}({value}, {accumulator}) | "
+                             f"({accumulator}_index == {index_bound})) & {mask})")
             self.loop.append(f"{accumulator}_index = tl.where(better_{buffer.name}, rindex, {accumulator}_index)")
             self.loop.append(f"{accumulator} = tl.where(better_{buffer.name}, {value}, {accumulator})")
         else:
             combine = {"sum": "{a} + {v}", "prod": "{a} * {v}",
-                       "max": "tl.maximum({a}, {v})", "min": "tl.minimum({a}, {v})"}[kind]
+                       "max": "_max_combine({a}, {v})", "min": "_min_combine({a}, {v})"}[kind]
             self.loop.append(f"{accumulator} = tl.where({mask}, {combine.format(a=accumulator, v=value)}, {accumulator})")
         self.loop_after.extend(self._finish(kind, accumulator, final.name, f"{accumulator}_index", index_bound))
         self.open_reductions.add(buffer.name)
@@ -324,9 +327,10 @@ class TritonKernel:
             return [f"{result} = tl.reduce({values}, 1, _{kind}_combine)[:, None]"]
         best = "max" if kind == "argmax" else "min"
         positions = f"tl.broadcast_to({indices}, [XBLOCK, RBLOCK])"
+        # the first position holding the best value (NaN counts as the best, as in eager)
         return [f"{result}_best = tl.reduce({values}, 1, _{best}_combine)[:, None]",
-                f"{result} = tl.reduce(tl.where({values} == {result}_best, {positions}, {bound}), 1, _min_combine)"
-                f"[:, None].to(tl.int64)"]
+                f"{result} = tl.reduce(tl.where(_same_value({values}, {result}_best), {positions}, {bound}), 1, "
+                f"_min_combine)[:, None].to(tl.int64)"]
 
     # --- nodes and loops ----------------------------------------------------------------------
 

@@ -105,14 +105,34 @@ def _sum_combine(a, b):
     return a + b
 
 
+# max and min propagate NaN as eager does (a NaN anywhere in a row makes the row's max NaN);
+# tl.maximum alone follows the hardware's fmax, which drops it. ``a != a`` is false for integers.
 @triton.jit
 def _max_combine(a, b):
-    return tl.maximum(a, b)
+    return tl.where((a > b) | (a != a), a, b)
 
 
 @triton.jit
 def _min_combine(a, b):
-    return tl.minimum(a, b)
+    return tl.where((a < b) | (a != a), a, b)
+
+
+# For argmax/argmin: does ``value`` replace the best so far? Only a strictly better value or
+# the first NaN does, so that ties and later NaNs keep the first index (eager's answer).
+@triton.jit
+def _beats_for_max(value, best):
+    return (value > best) | ((value != value) & (best == best))
+
+
+@triton.jit
+def _beats_for_min(value, best):
+    return (value < best) | ((value != value) & (best == best))
+
+
+# the best value found by a max/min reduction: NaN equals NaN here
+@triton.jit
+def _same_value(a, b):
+    return (a == b) | ((a != a) & (b != b))
 '''
 
 

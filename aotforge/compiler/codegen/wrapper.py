@@ -93,7 +93,7 @@ class _Writer:
     def inputs(self, mutated: set[str]) -> None:
         names = [b.name if b is not None else f"arg_{i}" for i, b in enumerate(self.lowered.inputs)]
         self.lines.append("def call(args):")
-        self.emit(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
+        self.emit(f"{', '.join(names) or '()'}{',' if len(names) == 1 else ''} = args")
         self.emit("args.clear()")
         for buffer in self.lowered.inputs:
             if buffer is not None and buffer.layout.size:

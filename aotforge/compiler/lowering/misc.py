@@ -179,6 +179,8 @@ def index(x: Value, indices: Sequence[Optional[Value]]) -> Value:
 
 @register(aten.gather.default)
 def gather(x: Value, dim: int, index_: Value, *, sparse_grad: bool = False) -> Value:
+    if not x.size or not index_.size:
+        raise NotLowerable("gather on a 0-d tensor (ATen checks its index)")
     dim = normalize_dim(dim, len(x.size))
     load = x.make_loader()
 
@@ -267,6 +269,8 @@ def copy_(destination: Value, source: Value, non_blocking: bool = False) -> Valu
 def scatter(x: Value, dim: int, index_: Value, source: Any) -> Value:
     """One index per row along ``dim`` (a one-hot, as in cross-entropy's backward) is a gather
     seen from the output: element i takes the source where i[dim] == index[i with dim=0]."""
+    if not x.size or not index_.size:
+        raise NotLowerable("scatter into a 0-d tensor (ATen checks its index)")
     dim = normalize_dim(dim, len(x.size))
     expected = [sympy.Integer(1) if d == dim else x.size[d] for d in range(len(x.size))]
     if list(index_.size) != expected:

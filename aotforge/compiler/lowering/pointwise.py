@@ -5,10 +5,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..ir import Pointwise, Value
+from ..ir import Pointwise, StorageView, Value
 from ..ops import ops
 from .registry import (NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype, device_of,
-                       promoted_dtype, register, result_dtype)
+                       node_value, promoted_dtype, register, result_dtype)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -47,8 +47,6 @@ POINTWISE_TABLE: dict[Any, tuple[str, str]] = {
     aten.div.Tensor: ("truediv", "INT_TO_FLOAT"), aten.div.Scalar: ("truediv", "INT_TO_FLOAT"),
     aten.neg.default: ("neg", "DEFAULT"), aten.abs.default: ("abs", "DEFAULT"),
     aten.maximum.default: ("maximum", "DEFAULT"), aten.minimum.default: ("minimum", "DEFAULT"),
-    aten.remainder.Tensor: ("remainder", "DEFAULT"), aten.remainder.Scalar: ("remainder", "DEFAULT"),
-    aten.fmod.Tensor: ("fmod", "DEFAULT"), aten.fmod.Scalar: ("fmod", "DEFAULT"),
     aten.atan2.default: ("atan2", "INT_TO_FLOAT"),
     aten.copysign.Tensor: ("copysign", "INT_TO_FLOAT"), aten.copysign.Scalar: ("copysign", "INT_TO_FLOAT"),
     aten.hypot.default: ("hypot", "DEFAULT"),
@@ -123,20 +121,36 @@ def pow_tensor_scalar(base: Value, exponent: Any) -> Value:
     return make_pointwise("pow", "BOOL_TO_LONG")(base, exponent)
 
 
+def integer_division(op_name: str) -> Callable:
+    """``//``, ``%`` and ``fmod``: integer division by zero raises in eager (ZeroDivisionError
+    on the CPU), which a kernel cannot do. So integer division is lowered only by a non-zero
+    constant divisor (``i // 4``, ``i % 3``: index arithmetic, kept fused); by a tensor it
+    runs as the ATen call, which raises exactly as eager does."""
+    pointwise = make_pointwise(op_name)
+
+    def lower(a: Any, b: Any) -> Value:
+        compute, _ = promoted_dtype(a, b)
+        if not compute.is_floating_point and (isinstance(b, Value) or b == 0):
+            raise NotLowerable(f"integer {op_name} by a divisor that may be zero")
+        return pointwise(a, b)
+    return lower
+
+
+for _op, _name in [(aten.remainder.Tensor, "remainder"), (aten.remainder.Scalar, "remainder"),
+                   (aten.fmod.Tensor, "fmod"), (aten.fmod.Scalar, "fmod"),
+                   (aten.floor_divide.default, "floordiv"), (aten.floor_divide.Scalar, "floordiv")]:
+    register(_op)(integer_division(_name))
+
+
 @register(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(a: Any, b: Any, *, rounding_mode: Any = None) -> Value:
     if rounding_mode is None:
         return make_pointwise("truediv", "INT_TO_FLOAT")(a, b)
     if rounding_mode == "floor":
-        return make_pointwise("floordiv")(a, b)
+        return integer_division("floordiv")(a, b)
     if rounding_mode == "trunc":
-        return make_pointwise("truncdiv")(a, b)
+        return integer_division("truncdiv")(a, b)
     raise NotLowerable(f"rounding_mode={rounding_mode!r}")
-
-
-@register(aten.floor_divide.default, aten.floor_divide.Scalar)
-def floor_divide(a: Any, b: Any) -> Value:
-    return make_pointwise("floordiv")(a, b)
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -201,7 +215,17 @@ def to_copy(x: Value, *, dtype: Any = None, layout: Any = None, device: Any = No
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def clone(x: Value, *, memory_format: Any = None) -> Value:
     """A functional graph never observes the difference between a value and its copy, so a
-    clone costs nothing until something realizes it."""
+    clone costs nothing until something realizes it. Its layout is observable, though: a
+    clone of a view with other strides (``x.unsqueeze(2).expand(...).clone()``, stride 0)
+    becomes a lazy copy, which a graph output realizes with eager's strides."""
+    val = node_value()
+    if isinstance(x, StorageView) and isinstance(val, torch.Tensor) and len(val.shape) == len(x.size):
+        try:
+            expected = [int(s) for s in val.stride()]
+        except Exception:  # symbolic strides: nothing to compare
+            return x
+        if [int(s) for s in x.stride] != expected:
+            return Pointwise(x.size, x.dtype, x.device, x.make_loader())
     return x
 
 

@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from ...config import config
-from ..ir import Pointwise, StorageView, Value, product
+from ..ir import Pointwise, StorageView, Value, contiguous_strides, product
 from ..ops import ops
 from .registry import (NotLowerable, compute_dtype, current_graph, normalize_dim, register,
                        result_dtype)
@@ -48,11 +48,12 @@ def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_typ
         out = current_graph().add_reduction(ranges, reduction_ranges, reduction_type, value_at,
                                             source_dtype, out_dtype, x.device)
     if keepdim:
-        size, stride = list(out.size), list(out.stride)
+        # the kept dims of a reduction's buffer are contiguous; the size-1 dims get the strides
+        # eager gives them, so a graph output (or a view's base) has eager's exact layout
+        size = list(out.size)
         for d in dims:
             size.insert(d, sympy.Integer(1))
-            stride.insert(d, sympy.Integer(0))
-        out = StorageView(out.buffer, size, stride, out.offset)
+        out = StorageView(out.buffer, size, contiguous_strides(size), out.offset)
     return out
 
 
@@ -188,6 +189,8 @@ def max_min_dim(x: Value, dim: int, keepdim: bool = False) -> tuple:
 @register(aten.argmax.default, aten.argmin.default)
 def argmax_argmin(x: Value, dim: Any = None, keepdim: bool = False) -> Value:
     kind = "argmax" if current_op() is aten.argmax.default else "argmin"
+    if x.dtype == torch.bool:
+        raise NotLowerable("argmax/argmin of bool: eager has no kernel for it and raises")
     if dim is None and keepdim:
         raise NotLowerable("argmax over all dims with keepdim")
     return reduce(x, _dims_arg(dim), keepdim, kind, torch.int64, compute_dtype(x.dtype))
@@ -207,8 +210,8 @@ def any_all(x: Value, dims: Any = None, keepdim: bool = False) -> Value:
         truth = x
     as_int = Pointwise(x.size, torch.int32, x.device,
                        lambda index: ops.to_dtype(truth.make_loader()(index), torch.int32, torch.bool))
-    out = reduce(as_int, _dims_arg(dims), keepdim, kind, torch.bool, torch.int32)
-    return out
+    # any/all of uint8 return uint8 (eager's legacy rule), of anything else bool
+    return reduce(as_int, _dims_arg(dims), keepdim, kind, result_dtype(torch.bool), torch.int32)
 
 
 @register(aten.var.correction, aten.var_mean.correction)
