@@ -10,7 +10,7 @@ from aotforge.compiler import compile_fx_inner, select_decomposition_table
 from aotforge.config import config
 from aotforge.testing import verify
 
-from .helpers import compile_and_run, stats
+from .helpers import compile_and_run
 
 f64 = dict(dtype=torch.float64)
 nan, inf = float("nan"), float("inf")
@@ -165,7 +165,7 @@ def compile_through_triton(paths: list):
 
     def compiler(gm, example_inputs):
         compiled = compile_fx_inner(gm, example_inputs)
-        paths.append(stats()["path"])
+        paths.append(compiled.compiled_graph.path)
         return compiled
 
     def compile(fn, mode):
