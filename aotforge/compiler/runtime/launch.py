@@ -44,6 +44,8 @@ def interpreting() -> bool:
 # One lock for all loads: two threads compiling at once must never see a module another
 # thread is still executing, and a module whose execution failed must not stay registered.
 _load_lock = threading.Lock()
+# file -> (module name, digest of its source) for every module this process loaded
+_loaded_paths: dict[str, tuple[str, str]] = {}
 
 
 def module_name(stem: str, source_digest: str) -> str:
@@ -62,11 +64,18 @@ def load_module(source: str, stem: str) -> Any:
         name = module_name(stem, source_digest)
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__aotforge_digest__", None) == source_digest:
+            _loaded_paths[path] = (name, source_digest)
             return module
         module = execute_module(name, path, source)
         module.__aotforge_digest__ = source_digest
         sys.modules[name] = module  # only now: a failed execution leaves nothing behind
+        _loaded_paths[path] = (name, source_digest)
         return module
+
+
+def loaded_module(path: str) -> Optional[tuple[str, str]]:
+    """(module name, source digest) of a module this process loaded from ``path``."""
+    return _loaded_paths.get(path)
 
 
 def execute_module(name: str, path: str, source: str) -> types.ModuleType:
