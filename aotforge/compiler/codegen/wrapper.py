@@ -185,8 +185,11 @@ class WrapperCodegen:
         namespace = dict(self.namespace)
         sources = namespace.pop("_kernel_sources", {})
         for name, source in sources.items():
+            dtypes = [getattr(self.buffers.get(argument), "dtype", None) for argument in source.arguments]
             namespace[name] = launch.Kernel(getattr(module, name), name, source.source, source.kind, source.numel,
-                                            source.rnumel, source.reduction_contiguous, source.mutates)
+                                            source.rnumel, source.reduction_contiguous, source.mutates,
+                                            # hands the kernel to the compile pool (GPU only)
+                                            arg_dtypes=None if None in dtypes else dtypes)
         namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,
                          ensure_layout=launch.ensure_layout, check_mutated_input=launch.check_mutated_input)
         code = compile(wrapper_source, f"<aotforge wrapper {id(self)}>", "exec")
