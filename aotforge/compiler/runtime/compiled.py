@@ -88,8 +88,10 @@ def _launcher(source: KernelSource) -> Any:
             return found
     module = launch.load_module(module_prelude(launch.interpreting()) + f"\n\n@triton.jit\n{source.source}\n",
                                 source.name)
+    # with the argument dtypes the kernel is handed to the compile pool at once (GPU only)
     kernel = launch.Kernel(getattr(module, source.name), source.name, source.source, source.kind, source.numel,
-                           source.rnumel, source.reduction_contiguous, source.mutates)
+                           source.rnumel, source.reduction_contiguous, source.mutates,
+                           arg_dtypes=None if None in source.dtypes else source.dtypes)
     with _launchers_lock:
         return _launchers.setdefault(key, kernel)
 

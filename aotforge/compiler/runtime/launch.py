@@ -1,52 +1,104 @@
-"""Running generated code: loading kernel modules, choosing block sizes (heuristics plus a
-small autotune cached on disk), launching, and the tensor helpers the wrapper calls."""
+"""Running generated code: loading kernel modules, choosing block sizes (a heuristic first, a
+small autotune only where it pays, its choices cached on disk), launching, and the tensor
+helpers the wrapper calls."""
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
+import linecache
+import logging
 import os
 import sys
-import tempfile
+import threading
+import time
+import types
+from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
 import torch
 
 from ...config import config
 from ..ir import ceil_pow2
+from . import disk_cache
+from .disk_cache import cache_directory  # noqa: F401  (re-exported: the wrapper and tests use it)
+
+log = logging.getLogger("aotforge")
+
+# Autotune only reductions over at least this many elements: below it every candidate runs
+# in a few microseconds and the extra compiles cost more than the best choice ever saves.
+AUTOTUNE_MIN_ELEMENTS = 1 << 18
+# At most this many candidates per kernel: each costs one more Triton compile.
+MAX_CANDIDATES = 3
+# Devices whose timings choose a configuration (the interpreter's timings mean nothing;
+# tests add "cpu" to exercise the autotune cache).
+AUTOTUNE_DEVICES = ("cuda",)
+# How long a first launch waits for its kernel to come out of the compile pool before it
+# compiles the kernel itself.
+PRECOMPILE_TIMEOUT_S = 600.0
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def cache_directory() -> str:
-    directory = config.cache_dir or os.path.join(tempfile.gettempdir(), f"aotforge_{os.getuid()}")
-    os.makedirs(directory, exist_ok=True)
-    return directory
+# --- loading generated modules ----------------------------------------------------------
+
+# One lock for all loads: two threads compiling at once must never see a module another
+# thread is still executing, and a module whose execution failed must not stay registered.
+_load_lock = threading.Lock()
+# file -> (module name, digest of its source) for every module this process loaded
+_loaded_paths: dict[str, tuple[str, str]] = {}
+
+
+def module_name(stem: str, source_digest: str) -> str:
+    return f"aotforge_generated_{stem}_{source_digest[:16]}"
 
 
 def load_module(source: str, stem: str) -> Any:
-    """Write ``source`` to a file (Triton's JIT reads kernel source from files) and import it."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = os.path.join(cache_directory(), f"{stem}_{digest}.py")
-    if not os.path.exists(path):
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w") as handle:
-            handle.write(source)
-        os.replace(temporary, path)
-    name = f"aotforge_generated_{stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    """Import ``source`` as a module, backed by a file in the cache directory (Triton's JIT
+    reads a kernel's source back through ``inspect``; compile workers import the file).
+
+    The module is executed from ``source`` itself, never from the file's current content: the
+    file is checked (and rewritten when it does not hold ``source``), and ``linecache`` is
+    pinned to ``source`` so that Triton reads the text we meant even if the file changes."""
+    with _load_lock:
+        path, source_digest = disk_cache.store_module(source, stem)
+        name = module_name(stem, source_digest)
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__aotforge_digest__", None) == source_digest:
+            _loaded_paths[path] = (name, source_digest)
+            return module
+        module = execute_module(name, path, source)
+        module.__aotforge_digest__ = source_digest
+        sys.modules[name] = module  # only now: a failed execution leaves nothing behind
+        _loaded_paths[path] = (name, source_digest)
+        return module
+
+
+def loaded_module(path: str) -> Optional[tuple[str, str]]:
+    """(module name, source digest) of a module this process loaded from ``path``."""
+    return _loaded_paths.get(path)
+
+
+def execute_module(name: str, path: str, source: str) -> types.ModuleType:
+    """A new module ``name`` made by executing ``source``, with ``path`` as its file name."""
+    module = types.ModuleType(name)
+    module.__file__ = path
+    # mtime None: linecache.checkcache keeps the entry instead of re-reading the file
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    exec(compile(source, path, "exec"), module.__dict__)
     return module
 
 
+def module_file(fn: Any) -> Optional[str]:
+    """The file of the generated module that defines the jitted function ``fn``."""
+    module = sys.modules.get(getattr(fn, "module", None) or getattr(fn, "__module__", ""))
+    return getattr(module, "__file__", None)
+
+
+# --- configurations ------------------------------------------------------------------------
+
 def candidate_configs(kind: str, numel: int, rnumel: int, contiguous: bool) -> list[dict]:
-    """Block sizes to try, best guess first."""
+    """Block sizes to try, the heuristic's choice first. Pointwise kernels get the heuristic
+    alone (memory-bound; the choice barely matters); reductions at most MAX_CANDIDATES."""
     if interpreting():  # few large programs: the interpreter pays per program, not per element
         if kind == "pointwise":
             return [dict(XBLOCK=min(ceil_pow2(numel), 4096))]
@@ -56,81 +108,155 @@ def candidate_configs(kind: str, numel: int, rnumel: int, contiguous: bool) -> l
         return [dict(XBLOCK=min(ceil_pow2(numel), 16), RBLOCK=min(ceil_pow2(rnumel), 32))]
     if kind == "pointwise":
         limit = ceil_pow2(numel)
-        options = [(1024, 4), (512, 4), (2048, 8), (256, 2)]
-        return [dict(XBLOCK=min(x, limit), num_warps=w if x <= limit else 1) for x, w in options if x <= max(limit, 256)][:4] \
-            or [dict(XBLOCK=limit, num_warps=1)]
+        xblock = min(1024, limit)
+        return [dict(XBLOCK=xblock, num_warps=4 if xblock >= 512 else 2 if xblock >= 256 else 1)]
     if kind == "persistent":
         rblock = ceil_pow2(rnumel)
-        out = []
-        for target in (2048, 4096, 8192, 1024):
+        out: list[dict] = []
+        for target in (2048, 4096, 1024):
             xblock = max(1, min(ceil_pow2(numel), target // rblock))
             elements = xblock * rblock
             warps = 2 if elements <= 512 else 4 if elements <= 2048 else 8 if elements <= 4096 else 16
-            config_ = dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
-            if config_ not in out:
-                out.append(config_)
+            out.append(dict(XBLOCK=xblock, RBLOCK=rblock, num_warps=warps))
         if rblock >= 2048:  # long rows: one row per program, a few widths of thread block
-            for warps in (4, 16):
-                candidate = dict(XBLOCK=1, RBLOCK=rblock, num_warps=warps)
-                if candidate not in out:
-                    out.append(candidate)
-        return out
+            out[1:] = [dict(XBLOCK=1, RBLOCK=rblock, num_warps=w) for w in (4, 16)]
+        return _distinct(out)[:MAX_CANDIDATES]
     if contiguous:
-        return [dict(XBLOCK=1, RBLOCK=min(2048, ceil_pow2(rnumel)), num_warps=8),
-                dict(XBLOCK=1, RBLOCK=min(4096, ceil_pow2(rnumel)), num_warps=16),
-                dict(XBLOCK=4, RBLOCK=min(1024, ceil_pow2(rnumel)), num_warps=8)]
+        return _distinct([dict(XBLOCK=1, RBLOCK=min(2048, ceil_pow2(rnumel)), num_warps=8),
+                          dict(XBLOCK=1, RBLOCK=min(4096, ceil_pow2(rnumel)), num_warps=16),
+                          dict(XBLOCK=4, RBLOCK=min(1024, ceil_pow2(rnumel)), num_warps=8)])
     # the reduced axis is strided: tiles wide along the contiguous outputs, several rows deep
     return [dict(XBLOCK=64, RBLOCK=16, num_warps=4), dict(XBLOCK=32, RBLOCK=64, num_warps=8),
-            dict(XBLOCK=128, RBLOCK=8, num_warps=8), dict(XBLOCK=64, RBLOCK=64, num_warps=8),
-            dict(XBLOCK=128, RBLOCK=32, num_warps=8)]
+            dict(XBLOCK=128, RBLOCK=8, num_warps=8)]
+
+
+def _distinct(configs: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for candidate in configs:
+        if candidate not in out:
+            out.append(candidate)
+    return out
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+_fallback_logged = False
 
 
 class Kernel:
-    """One generated kernel with its launch logic."""
+    """One generated kernel with its launch logic.
+
+    With ``arg_dtypes`` (the dtypes of the tensor arguments, in parameter order) the kernel
+    hands its compilation to the compile pool at once (see compile_pool.py); its first launch
+    waits for that and falls back to compiling in this process when the pool failed.
+    ``precompiled`` takes futures from such a pool directly."""
 
     def __init__(self, fn: Any, name: str, source: str, kind: str, numel: int, rnumel: int,
-                 contiguous: bool, mutates: bool):
+                 contiguous: bool, mutates: bool, *, arg_dtypes: Optional[Sequence[torch.dtype]] = None,
+                 module_path: Optional[str] = None,
+                 precompiled: Optional[Future | Sequence[Future]] = None):
         self.fn, self.name, self.source, self.kind = fn, name, source, kind
         self.numel, self.rnumel, self.mutates = numel, rnumel, mutates
         self.configs = candidate_configs(kind, numel, rnumel, contiguous)
         self.best: Optional[dict] = None
+        # what the first launch spent, for the compile-time breakdown
+        self.seconds = {"triton_compile": 0.0, "autotune": 0.0}
+        if isinstance(precompiled, Future):
+            precompiled = [precompiled]
+        self.pending: list[Future] = list(precompiled or [])
+        if arg_dtypes is not None:
+            self.start_precompile(module_path, arg_dtypes)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return (self.numel,) if self.kind == "pointwise" else (self.numel, self.rnumel)
+
+    def tunes(self) -> bool:
+        """Whether this kernel's first launch times its candidates (given a device that tunes)."""
+        return (config.autotune and self.kind != "pointwise" and not self.mutates and len(self.configs) > 1
+                and self.numel * self.rnumel >= AUTOTUNE_MIN_ELEMENTS)
+
+    def start_precompile(self, module_path: Optional[str], arg_dtypes: Sequence[torch.dtype]) -> None:
+        """Compile this kernel's configurations in the compile pool (no-op without one)."""
+        from . import compile_pool
+
+        path = module_path or module_file(self.fn)
+        if path is None or self.numel == 0:
+            return
+        for candidate in (self.configs if self.tunes() else self.configs[:1]):
+            future = compile_pool.precompile(path, self.name, list(arg_dtypes), list(self.sizes), [candidate])
+            if future is not None:
+                self.pending.append(future)
+
+    def _await_precompile(self) -> None:
+        """Wait for the pool's compiles; on any failure Triton compiles at launch instead."""
+        global _fallback_logged
+        deadline = time.monotonic() + PRECOMPILE_TIMEOUT_S
+        pending, self.pending = self.pending, []
+        for future in pending:
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as error:  # noqa: BLE001  any failure: compile here instead
+                if not _fallback_logged:
+                    _fallback_logged = True
+                    log.warning("aotforge: the compile pool failed to compile %s (%s: %s); compiling "
+                                "kernels in this process instead", self.name, type(error).__name__, error)
 
     def _launch(self, args: Sequence[Any], chosen: dict) -> None:
         grid = ((self.numel + chosen["XBLOCK"] - 1) // chosen["XBLOCK"],)
-        sizes = (self.numel,) if self.kind == "pointwise" else (self.numel, self.rnumel)
-        self.fn[grid](*args, *sizes, **chosen)
+        self.fn[grid](*args, *self.sizes, **chosen)
 
     def run(self, *args: Any) -> None:
         if self.numel == 0:
             return  # an empty tensor: nothing to compute (and a grid of 0 programs is an error)
         if self.best is None:
-            self.best = self._choose(args)
+            self._first_run(args)
+            return
         self._launch(args, self.best)
 
-    def _choose(self, args: Sequence[Any]) -> dict:
-        on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        if not (on_gpu and config.autotune and len(self.configs) > 1) or self.mutates:
-            return self.configs[0]
-        if self.numel * self.rnumel < (1 << 18):
-            return self.configs[0]  # too small for the choice to matter; skip the compiles
-        key = hashlib.sha256(f"{self.source}|{self.numel}|{self.rnumel}|{torch.cuda.get_device_name()}|"
-                             f"{[str(a.dtype) for a in args]}".encode()).hexdigest()[:24]
-        path = os.path.join(cache_directory(), f"autotune_{key}.json")
-        if os.path.exists(path):
-            with open(path) as handle:
-                return json.load(handle)
-        from triton.testing import do_bench
+    def _first_run(self, args: Sequence[Any]) -> None:
+        started = time.perf_counter()
+        if self.pending:
+            self._await_precompile()
+        waited = time.perf_counter()
+        best = self._choose(args)
+        chosen = time.perf_counter()
+        self._launch(args, best)  # Triton compiles here unless the pool (or its disk cache) did
+        self.seconds["triton_compile"] += (waited - started) + (time.perf_counter() - chosen)
+        self.seconds["autotune"] += chosen - waited
+        self.best = best
 
+    def _choose(self, args: Sequence[Any]) -> dict:
+        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+        if not self.tunes() or not devices or not devices <= set(AUTOTUNE_DEVICES):
+            return self.configs[0]
+        device = torch.cuda.get_device_name() if "cuda" in devices else "cpu"
+        import triton
+
+        key = disk_cache.autotune_key([self.source, self.numel, self.rnumel, device, triton.__version__,
+                                       [str(a.dtype) for a in args if isinstance(a, torch.Tensor)]], self.configs)
+        stored = disk_cache.load_autotune(key, self.configs)
+        if stored is not None:
+            return stored
         timings = []
         for candidate in self.configs:
             try:
-                timings.append((do_bench(lambda: self._launch(args, candidate), warmup=5, rep=20), candidate))
-            except Exception:  # a config the hardware rejects (too many registers, ...)
+                timings.append((self._time(args, candidate, "cuda" in devices), candidate))
+            except Exception:  # noqa: BLE001  a config the hardware rejects (too many registers, ...)
                 continue
         best = min(timings, key=lambda t: t[0])[1] if timings else self.configs[0]
-        with open(path, "w") as handle:
-            json.dump(best, handle)
+        disk_cache.store_autotune(key, self.configs, best)
         return best
+
+    def _time(self, args: Sequence[Any], candidate: dict, on_gpu: bool) -> float:
+        if on_gpu:
+            from triton.testing import do_bench
+
+            return do_bench(lambda: self._launch(args, candidate), warmup=5, rep=20)
+        self._launch(args, candidate)  # compile
+        started = time.perf_counter()
+        self._launch(args, candidate)
+        return time.perf_counter() - started
 
 
 # --- helpers called by generated wrappers ---------------------------------------------------

@@ -1,0 +1,197 @@
+"""The compiler's files on disk: generated kernel modules and autotune choices.
+
+Everything here assumes the files can be wrong. Another process may be writing the same
+entry right now, a write may have been cut short, someone may have edited a file, and on a
+shared machine the default folder under /tmp may have been created by someone else. So:
+
+* the folder is private to the user (0700) and refused when anyone else owns or can write it;
+* every write goes to a unique temporary file in the same folder and is renamed into place,
+  so a reader sees the old entry or the new one, never half of one;
+* every read is checked against what the entry must contain (a kernel module's text hashes
+  to the digest in its name; an autotune entry names its key and its candidate list and
+  chooses one of the current candidates). An entry that fails is ignored with one warning
+  and rebuilt: a cache can cost time, never a wrong answer or a crash.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import threading
+import warnings
+from typing import Any, Optional, Sequence
+
+from ...config import config
+
+# Bumped when the layout of an entry changes: older entries then stop verifying.
+AUTOTUNE_FORMAT = 1
+# Set AOTFORGE_CACHE_FSYNC=1 to flush entries to the disk before they are renamed into place
+# (survives a power cut; costs a few milliseconds per entry).
+FSYNC = os.environ.get("AOTFORGE_CACHE_FSYNC", "0") == "1"
+
+
+class CacheEntryWarning(UserWarning):
+    """An on-disk cache entry did not verify; it was ignored and rebuilt."""
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_bad_entry(path: str, why: str) -> None:
+    """Warn once per entry and process: the entry is rebuilt, so the warning need not repeat."""
+    with _warned_lock:
+        if path in _warned:
+            return
+        _warned.add(path)
+    warnings.warn(f"aotforge: ignoring the cache entry {path} ({why}); it is rebuilt",
+                  CacheEntryWarning, stacklevel=3)
+
+
+def digest(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+# --- the folder ---------------------------------------------------------------------------
+
+def cache_directory() -> str:
+    """The folder for the compiler's files, created private to the user when missing.
+
+    Raises RuntimeError when the folder is owned by another user or writable by group or
+    others: anyone who can write there could plant a kernel module that this process runs."""
+    directory = config.cache_dir or os.path.join(tempfile.gettempdir(), f"aotforge_{os.getuid()}")
+    directory = os.path.abspath(directory)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as error:
+        raise RuntimeError(f"aotforge: cannot create the cache directory {directory}: {error}; "
+                           "set AOTFORGE_CACHE_DIR (or aotforge.config.cache_dir) to a folder you own") from error
+    check_private(directory)
+    return directory
+
+
+def check_private(directory: str) -> None:
+    info = os.stat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        raise RuntimeError(f"aotforge: the cache directory {directory} is not a directory; "
+                           "remove it or set AOTFORGE_CACHE_DIR to a folder you own")
+    if info.st_uid != os.getuid():
+        raise RuntimeError(
+            f"aotforge: the cache directory {directory} is owned by uid {info.st_uid}, not by you "
+            f"(uid {os.getuid()}); files planted there would run as you. Set AOTFORGE_CACHE_DIR "
+            "(or aotforge.config.cache_dir) to a private folder of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeError(
+            f"aotforge: the cache directory {directory} is writable by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}); files planted there would run as you. Run "
+            f"`chmod 700 {directory}` or set AOTFORGE_CACHE_DIR to a private folder")
+
+
+# --- reading and writing entries ------------------------------------------------------------
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or all of the new one.
+
+    The temporary file is unique (several threads and processes may write the same entry at
+    once) and in the same folder (a rename is atomic only within one file system)."""
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            if FSYNC:
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def read_bytes(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        warn_bad_entry(path, f"unreadable: {error}")
+        return None
+
+
+def module_path(source: str, stem: str) -> tuple[str, str]:
+    """Where the module for ``source`` lives, and the digest its content must hash to."""
+    expected = digest(source)
+    return os.path.join(cache_directory(), f"{stem}_{expected[:16]}.py"), expected
+
+
+def store_module(source: str, stem: str) -> tuple[str, str]:
+    """Make sure the file for ``source`` holds exactly ``source``; returns (path, digest).
+
+    A file that exists but holds anything else (cut short, edited, swapped for another
+    kernel's file) is replaced, with one warning."""
+    path, expected = module_path(source, stem)
+    existing = read_bytes(path)
+    if existing is not None and digest(existing) == expected:
+        return path, expected
+    if existing is not None:
+        warn_bad_entry(path, "its content does not match the kernel source it should hold")
+    atomic_write(path, source.encode())
+    return path, expected
+
+
+def read_verified_module(path: str, expected: str) -> Optional[str]:
+    """The text of the module file if it hashes to ``expected``, else None."""
+    data = read_bytes(path)
+    if data is None or digest(data) != expected:
+        return None
+    return data.decode()
+
+
+# --- autotune choices ------------------------------------------------------------------------
+
+def candidates_hash(candidates: Sequence[dict]) -> str:
+    return digest(json.dumps([sorted(c.items()) for c in candidates]))
+
+
+def autotune_key(parts: Sequence[Any], candidates: Sequence[dict]) -> str:
+    """The key of one autotune decision: what is tuned and the candidates it chose among (a
+    changed candidate list must not be served an old choice)."""
+    return digest(json.dumps([str(p) for p in parts] + [candidates_hash(candidates)]))
+
+
+def autotune_path(key: str) -> str:
+    return os.path.join(cache_directory(), f"autotune_{key[:32]}.json")
+
+
+def load_autotune(key: str, candidates: Sequence[dict]) -> Optional[dict]:
+    """The stored choice for ``key``, or None when there is none or it does not verify."""
+    path = autotune_path(key)
+    data = read_bytes(path)
+    if data is None:
+        return None
+    try:
+        entry = json.loads(data.decode())
+    except (UnicodeDecodeError, ValueError):
+        warn_bad_entry(path, "not valid JSON (empty or cut short?)")
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != AUTOTUNE_FORMAT:
+        warn_bad_entry(path, "not an aotforge autotune entry of this version")
+        return None
+    if entry.get("key") != key or entry.get("candidates") != candidates_hash(candidates):
+        warn_bad_entry(path, "it was made for another kernel or another candidate list")
+        return None
+    chosen = entry.get("config")
+    if chosen not in list(candidates):
+        warn_bad_entry(path, f"its choice {chosen!r} is not one of the current candidates")
+        return None
+    return dict(chosen)
+
+
+def store_autotune(key: str, candidates: Sequence[dict], chosen: dict) -> None:
+    entry = dict(format=AUTOTUNE_FORMAT, key=key, candidates=candidates_hash(candidates), config=chosen)
+    atomic_write(autotune_path(key), json.dumps(entry, sort_keys=True).encode())
