@@ -3,17 +3,15 @@
     torch.compile(model, backend="aotforge")          # Dynamo -> AOT autograd -> our compiler
     torch.compile(model, backend="aotforge_eager")    # Dynamo -> AOT autograd -> graphs as FX
     aotforge.aot_function(fn, fw_compiler, bw_compiler)
+    aotforge.inspect(compiled)                        # graphs, partition, kernels, timings
 """
+from . import aot as _aot
 from .aot import (
     AOTConfig,
     GraphSignature,
     aot_export_joint_simple,
     aot_export_module,
-    aot_function,
-    aot_module,
     aot_module_simplified,
-    compiled_function,
-    compiled_module,
     make_boxed_compiler,
     make_boxed_func,
     load_exported,
@@ -22,8 +20,23 @@ from .aot import (
     save_exported,
 )
 from .backends import register_backends
+from .compat import (
+    default_decompositions,
+    draw_graph,
+    get_aot_compilation_context,
+    get_aot_graph_name,
+    memory_efficient_fusion,
+    print_compile,
+)
 from .config import config
+from .inspection import _recording, inspect
 from .partition import default_partition, min_cut_rematerialization_partition
+
+# The public entry points record every compile for aotforge.inspect (aotforge.aot's own do not).
+aot_function = _recording(_aot.aot_function)
+aot_module = _recording(_aot.aot_module)
+compiled_function = aot_function
+compiled_module = aot_module
 
 
 def compile_fx(model, example_inputs, **kwargs):
@@ -48,12 +61,19 @@ __all__ = [
     "compiled_module",
     "compile_fx",
     "config",
+    "default_decompositions",
     "default_partition",
+    "draw_graph",
+    "get_aot_compilation_context",
+    "get_aot_graph_name",
+    "inspect",
     "make_boxed_compiler",
+    "memory_efficient_fusion",
     "min_cut_rematerialization_partition",
     "make_boxed_func",
     "load_exported",
     "nop",
+    "print_compile",
     "run_exported",
     "save_exported",
 ]

@@ -6,6 +6,9 @@ Every field can be set from the environment as ``AOTFORGE_<FIELD NAME IN CAPITAL
     with aotforge.config.patch(activation_memory_budget=0.5):
         ...
 
+A patch is visible only in the thread that made it (compiles in other threads keep the global
+values); assigning ``aotforge.config.x = value`` outside a patch changes the global value.
+
 Stages add their own fields here, each with a comment that says what it changes.
 """
 from __future__ import annotations
@@ -13,7 +16,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Iterator
+import threading
+from typing import Any, Callable, Iterator
+
+# Per-thread overrides made by ``patch``: {field name: value}. Reads check it first.
+_local = threading.local()
 
 
 @dataclasses.dataclass
@@ -41,30 +48,95 @@ class Config:
     # reductions plus a second pass, so that enough programs run in parallel.
     split_reduction_threshold: int = 4096
 
+    # --- debugging --------------------------------------------------------------------------
+    # Run every graph compiled by backend="aotforge" also through plain ATen and compare; on a
+    # mismatch find the first diverging node and write a repro script (aotforge/verify.py).
+    verify: bool = False
+
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager[None]:
-        """Set fields for the duration of a ``with`` block; restore them after."""
+        """Set fields, in this thread only, for the duration of a ``with`` block."""
         return _patch(self, changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
-@contextlib.contextmanager
-def _patch(cfg: Config, changes: dict[str, Any]) -> Iterator[None]:
-    known = {f.name for f in dataclasses.fields(cfg)}
+class _Field:
+    """A field's value: this thread's patch if there is one, else the global value.
+
+    A data descriptor on the class, so that ``config.x`` costs one dict lookup more than a
+    plain attribute, and assignment goes through ``_validate``."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.slot = "_global_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        overlay = getattr(_local, "overlay", None)
+        if overlay and self.name in overlay:
+            return overlay[self.name]
+        return obj.__dict__[self.slot]
+
+    def __set__(self, obj, value) -> None:
+        _validate(self.name, value)
+        overlay = getattr(_local, "overlay", None)
+        if overlay and self.name in overlay:
+            overlay[self.name] = value  # inside a patch of this field: the patch owns it
+        else:
+            obj.__dict__[self.slot] = value
+
+
+for _field in dataclasses.fields(Config):
+    setattr(Config, _field.name, _Field(_field.name))
+
+
+def _interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "yes", "on")
+
+
+def _check_triton_on_cpu(value: Any) -> None:
+    # Without the interpreter Triton fails only at the first launch, with "0 active drivers".
+    if value and not _interpreter_enabled():
+        raise ValueError(
+            "aotforge: triton_on_cpu runs Triton kernels on the CPU through Triton's "
+            "interpreter, which needs TRITON_INTERPRET=1 in the environment before Triton is "
+            "imported; set it (TRITON_INTERPRET=1 AOTFORGE_TRITON_ON_CPU=1 python ...) or leave "
+            "triton_on_cpu off"
+        )
+
+
+# Checks that a value is usable, per field, run on every assignment and patch.
+_VALIDATORS: dict[str, Callable[[Any], None]] = {"triton_on_cpu": _check_triton_on_cpu}
+
+
+def _validate(name: str, value: Any) -> None:
+    check = _VALIDATORS.get(name)
+    if check is not None:
+        check(value)
+
+
+def _known_fields(changes: dict[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(Config)}
     unknown = sorted(set(changes) - known)
     if unknown:
         raise AttributeError(
             f"aotforge.config has no option(s) {unknown}; known options: {sorted(known)}"
         )
-    old = {name: getattr(cfg, name) for name in changes}
+
+
+@contextlib.contextmanager
+def _patch(cfg: Config, changes: dict[str, Any]) -> Iterator[None]:
+    _known_fields(changes)
+    for name, value in changes.items():
+        _validate(name, value)
+    previous = getattr(_local, "overlay", None)
+    _local.overlay = {**(previous or {}), **changes}
     try:
-        for name, value in changes.items():
-            setattr(cfg, name, value)
         yield
     finally:
-        for name, value in old.items():
-            setattr(cfg, name, value)
+        _local.overlay = previous
 
 
 def _parse(raw: str, default: Any, name: str) -> Any:

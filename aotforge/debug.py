@@ -1,23 +1,65 @@
 """What aotforge did, made visible.
 
-``AOTFORGE_LOG=graphs,partition,...`` prints the named artifacts to stderr;
-``AOTFORGE_LOG=all`` prints every one. ``AOTFORGE_DUMP_DIR=dir`` writes each artifact to a
-numbered file in ``dir`` (``003_forward.py``), so the stages of one compile read in order.
+``AOTFORGE_LOG=graphs,partition,...`` prints the named artifacts to stderr (``all``: every
+topic; ``TOPICS`` lists them). ``AOTFORGE_DUMP_DIR=dir`` writes each artifact to
+``dir/<pid>/<compile id>_<name>/NNN_<artifact>``: one folder per process and per compile, so
+nothing is overwritten and the stages of one compile read in order. Under ``TORCH_TRACE=dir``
+every artifact also goes to PyTorch's structured trace, so ``tlparse`` shows aotforge's graphs,
+kernels and metrics beside Dynamo's.
+
+A *compile scope* groups the artifacts of one compile: the torch.compile backend opens one per
+Dynamo graph (``compile_scope``); a compile that opens none starts an implicit scope at its
+first artifact of topic ``metadata`` (the AOT layer emits it first in every compile). The
+scope also keeps the artifacts for ``aotforge.inspect``.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import logging
 import os
 import sys
+import threading
+import warnings
+from typing import Any, Iterator, Optional
 
 log = logging.getLogger("aotforge")
-_counter = itertools.count()
+
+# Every topic AOTFORGE_LOG accepts, with what it prints.
+TOPICS: dict[str, str] = {
+    "graphs": "the AOT joint, forward, backward and inference graphs; the compiler's post-grad graphs",
+    "metadata": "which inputs each compile mutates and what each output aliases",
+    "partition": "what the min-cut partitioner saves for the backward and what it recomputes",
+    "lowering": "ops whose lowering failed (they run as ATen extern calls)",
+    "output_code": "generated kernels and the wrapper program",
+    "compile": "how torch.compile routed each graph (and why nothing was fused on CPU)",
+    "compile_time": "seconds per compile stage, per graph",
+    "recompiles": "why a function was compiled again: which part of its input signature changed",
+    "verify": "AOTFORGE_VERIFY's comparison of each compiled graph with plain ATen",
+}
+
+_local = threading.local()
+_compile_counter = itertools.count()
+_parsed: dict[str, frozenset] = {}
+_logged_once: set[str] = set()
+_lock = threading.Lock()
 
 
-def _enabled_topics() -> set[str]:
+def _enabled_topics() -> frozenset:
     raw = os.environ.get("AOTFORGE_LOG", "")
-    return {part.strip() for part in raw.split(",") if part.strip()}
+    topics = _parsed.get(raw)
+    if topics is None:
+        topics = frozenset(part.strip() for part in raw.split(",") if part.strip())
+        unknown = sorted(topics - set(TOPICS) - {"all"})
+        if unknown:
+            warnings.warn(
+                f"AOTFORGE_LOG: unknown topic(s) {unknown}; valid topics: all, "
+                + ", ".join(sorted(TOPICS)),
+                stacklevel=3,
+            )
+        _parsed[raw] = topics
+    return topics
 
 
 def enabled(topic: str) -> bool:
@@ -29,25 +71,149 @@ def dump_dir() -> str | None:
     return os.environ.get("AOTFORGE_DUMP_DIR") or None
 
 
-def artifact(topic: str, name: str, text: str, suffix: str = ".py") -> None:
-    """Print ``text`` if ``topic`` is being logged and write it to the dump dir if set."""
-    if enabled(topic):
-        print(f"===== aotforge {topic}: {name} =====\n{text}", file=sys.stderr)
-    directory = dump_dir()
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        path = os.path.join(directory, f"{next(_counter):03d}_{safe}{suffix}")
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+class CompileScope:
+    """The artifacts of one compile, in order, and its dump folder (made on first write)."""
+
+    def __init__(self, name: str, compile_id: Optional[str] = None):
+        self.index = next(_compile_counter)
+        self.name = name
+        self.compile_id = compile_id or str(self.index)
+        self.artifacts: list[tuple[str, str, Any]] = []  # (topic, name, text or GraphModule)
+        self._folder: Optional[str] = None
+        self._file_counter = itertools.count()
+
+    def folder(self, base: str) -> str:
+        if self._folder is None:
+            process = os.path.join(base, str(os.getpid()))
+            os.makedirs(process, exist_ok=True)
+            for attempt in itertools.count():
+                # A folder left by an earlier process with the same pid is never reused.
+                suffix = f"_{attempt}" if attempt else ""
+                path = os.path.join(process, f"{self.index:03d}{suffix}_{_safe(self.name)}")
+                try:
+                    os.makedirs(path)
+                    break
+                except FileExistsError:
+                    continue
+            self._folder = path
+        return self._folder
+
+    def write(self, name: str, text: str, suffix: str) -> str:
+        base = dump_dir()
+        assert base is not None
+        path = os.path.join(self.folder(base), f"{next(self._file_counter):03d}_{_safe(name)}{suffix}")
         with open(path, "w") as handle:
             handle.write(text)
+        return path
+
+
+def current_scope() -> Optional[CompileScope]:
+    return getattr(_local, "scope", None)
+
+
+@contextlib.contextmanager
+def compile_scope(name: str, compile_id: Optional[str] = None,
+                  scope: Optional[CompileScope] = None) -> Iterator[CompileScope]:
+    """Group the artifacts emitted inside the block as one compile (``scope``: re-enter an
+    earlier compile's scope, e.g. for its backward compiled later)."""
+    scope = scope if scope is not None else CompileScope(name, compile_id)
+    previous = current_scope()
+    _local.scope = scope
+    _local.explicit = getattr(_local, "explicit", 0) + 1
+    try:
+        yield scope
+    finally:
+        _local.scope = previous
+        _local.explicit -= 1
+
+
+def _scope_for(topic: str, name: str) -> CompileScope:
+    scope = current_scope()
+    if getattr(_local, "explicit", 0) == 0 and (scope is None or topic == "metadata"):
+        # No compile opened a scope: each AOT compile starts with its metadata artifact.
+        base = name[: -len("_metadata")] if name.endswith("_metadata") else name
+        scope = CompileScope(base)
+        _local.scope = scope
+    return scope
+
+
+def _trace_structured(kind: str, name: str, payload_fn) -> None:
+    """Send an artifact to TORCH_TRACE (tlparse's input), if this torch has it and it is on."""
+    try:
+        from torch._logging import trace_structured
+    except ImportError:  # a torch without structured tracing
+        return
+    metadata = {"name": f"aotforge_{name}"}
+    if kind == "artifact":
+        metadata["encoding"] = "string"
+    try:
+        trace_structured(kind, metadata_fn=lambda: metadata, payload_fn=payload_fn,
+                         expect_trace_id=False)
+    except TypeError:  # older signature without expect_trace_id
+        trace_structured(kind, metadata_fn=lambda: metadata, payload_fn=payload_fn)
+
+
+def artifact(topic: str, name: str, text: str, suffix: str = ".py") -> None:
+    """Print ``text`` if ``topic`` is being logged, write it to the dump dir if set, send it
+    to TORCH_TRACE, and keep it in the current compile scope (for ``aotforge.inspect``)."""
+    scope = _scope_for(topic, name)
+    scope.artifacts.append((topic, name, text))
+    if enabled(topic):
+        print(f"===== aotforge {topic}: {name} =====\n{text}", file=sys.stderr)
+    if dump_dir():
+        scope.write(name, text, suffix)
+    _trace_structured("artifact", name, lambda: text)
+
+
+def user_frame(stack_trace: str) -> str:
+    """``File "f.py", line 3, in fn: code`` for the innermost frame of a node's stack trace."""
+    lines = [line.strip() for line in stack_trace.strip().splitlines()]
+    files = [i for i, line in enumerate(lines) if line.startswith("File ")]
+    if not files:
+        return lines[-1] if lines else ""
+    index = files[-1]
+    code = lines[index + 1] if index + 1 < len(lines) else ""
+    return f"{lines[index]}: {code}"
+
+
+def graph_text(gm) -> str:
+    try:
+        return gm.print_readable(print_output=False)
+    except Exception:  # a graph without metadata still prints as plain code
+        return gm.code
 
 
 def graph_artifact(topic: str, name: str, gm) -> None:
     """Log an FX GraphModule's readable code (with shapes) under ``topic``."""
-    if not (enabled(topic) or dump_dir()):
-        return
-    try:
-        text = gm.print_readable(print_output=False)
-    except Exception:  # a graph without metadata still prints as plain code
-        text = gm.code
-    artifact(topic, name, text)
+    scope = _scope_for(topic, name)
+    scope.artifacts.append((topic, name, gm))
+    wanted = enabled(topic) or dump_dir()
+    text = graph_text(gm) if wanted else None
+    if enabled(topic):
+        print(f"===== aotforge {topic}: {name} =====\n{text}", file=sys.stderr)
+    if dump_dir():
+        scope.write(name, text, ".py")
+    _trace_structured("graph_dump", name, lambda: text if text is not None else graph_text(gm))
+
+
+def metrics(name: str, values: dict) -> None:
+    """Compile metrics (seconds per stage, counts): logged under ``compile_time`` and sent to
+    TORCH_TRACE as JSON."""
+    text = json.dumps(values, indent=1, sort_keys=True, default=str)
+    artifact("compile_time", name, text, suffix=".json")
+
+
+def log_once(topic: str, key: str, message: str) -> None:
+    """Print ``message`` under ``topic`` the first time ``key`` is seen in this process."""
+    with _lock:
+        if key in _logged_once:
+            return
+        _logged_once.add(key)
+    if enabled(topic):
+        print(f"aotforge {topic}: {message}", file=sys.stderr)
+    log.info("%s", message)
+    _trace_structured("artifact", f"{topic}_{_safe(key)}", lambda: message)

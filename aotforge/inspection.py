@@ -1,0 +1,454 @@
+"""``aotforge.inspect(compiled)``: everything aotforge did for a compiled object, per compiled
+graph and per recompile (Thunder's ``last_traces``, for a compiler).
+
+    compiled = aotforge.aot_function(f, nop)          # or aot_module(...), or
+    compiled(x)                                       # torch.compile(model, backend="aotforge")
+    report = aotforge.inspect(compiled)
+    print(report)                                     # every part, readably
+    report.records[0].graphs["forward"]               # the FX graphs themselves
+
+Each ``CompileRecord`` holds: the FX graphs (joint, forward, backward, inference) with their
+source lines, the partition (what the forward saves, what the backward recomputes, bytes), the
+compiler's output per graph (lowered IR, kernel plan, memory plan, each kernel's source and
+launch configuration, the wrapper), the signature the compile specialized on (and, under
+torch.compile, Dynamo's guards) and the compile-time breakdown.
+
+Records are collected here, not by the AOT layer or the compiler: the public ``aot_function`` /
+``aot_module`` and the torch.compile backend wrap the partitioner and the graph compilers they
+pass down, and read the compiler's result through ``compiled_graph`` attributes with getattr
+fallbacks (so that records from a newer compiler show up without a change here).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import inspect as _pyinspect
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx as fx
+
+from . import compat, debug
+
+# The compiler's result parts, read from the boxed callable's ``compiled_graph``, in print order.
+COMPILED_PARTS = ("lowered", "kernel_plan", "memory_plan", "wrapper_source", "kernel_source")
+GRAPH_KINDS = ("joint", "forward", "backward", "inference")
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        grad = ", requires_grad" if value.requires_grad else ""
+        return f"{value.dtype} {tuple(value.shape)} on {value.device}{grad}"
+    if isinstance(value, torch.SymInt):
+        return f"SymInt {value}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        try:
+            return int(value.numel()) * value.element_size()
+        except Exception:  # symbolic sizes
+            return 0
+    return 0
+
+
+def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def source_lines(gm: fx.GraphModule) -> list[str]:
+    """``node: file:line code`` for every node that kept the user's stack trace."""
+    lines = []
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if trace:
+            lines.append(f"{node.name}: {debug.user_frame(trace)}")
+    return lines
+
+
+@dataclasses.dataclass
+class Partition:
+    """What the forward saves for the backward and what the backward recomputes."""
+
+    saved: list[tuple[str, str, int]]  # (name, description, bytes)
+    recomputed: list[str]
+
+    @classmethod
+    def from_graphs(cls, forward: fx.GraphModule, backward: fx.GraphModule) -> "Partition":
+        saved = [
+            (node.name, _describe_value(node.meta.get("val")), _nbytes(node.meta.get("val")))
+            for node in _placeholders(backward)
+            if not node.name.startswith("tangents")
+        ]
+        forward_names = {n.name for n in forward.graph.nodes if n.op == "call_function"}
+        # The partitioner keeps the joint's node names, so a backward node named like a
+        # forward node is a recomputed copy of it.
+        recomputed = [
+            n.name for n in backward.graph.nodes if n.op == "call_function" and n.name in forward_names
+        ]
+        return cls(saved, recomputed)
+
+    def __str__(self) -> str:
+        total = sum(size for _, _, size in self.saved)
+        lines = [f"saved for backward: {len(self.saved)} values, {total} bytes"]
+        lines += [f"  {name}: {text} ({size} bytes)" for name, text, size in self.saved]
+        lines.append(f"recomputed in backward: {len(self.recomputed)} nodes"
+                     + (f": {', '.join(self.recomputed)}" if self.recomputed else ""))
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class CompiledPart:
+    """The compiler's output for one graph."""
+
+    kind: str
+    callable: Any
+    seconds: float
+
+    @property
+    def compiled_graph(self) -> Any:
+        return getattr(self.callable, "compiled_graph", None)
+
+    def kernels(self) -> list[str]:
+        described = []
+        for kernel in getattr(self.compiled_graph, "kernels", None) or []:
+            launch = getattr(kernel, "best", None) or (getattr(kernel, "configs", None) or [None])[0]
+            described.append(
+                f"kernel {getattr(kernel, 'name', '?')} ({getattr(kernel, 'kind', '?')}, "
+                f"numel={getattr(kernel, 'numel', '?')}, rnumel={getattr(kernel, 'rnumel', '?')}, "
+                f"launch={launch})\n{getattr(kernel, 'source', '')}"
+            )
+        return described
+
+    def __str__(self) -> str:
+        graph = self.compiled_graph
+        if graph is None:
+            return (f"{self.kind}: runs as the FX graph's ATen calls (no kernels generated); "
+                    f"compiled in {self.seconds:.3f}s")
+        lines = [f"{self.kind}: compiled in {self.seconds:.3f}s"]
+        timings = getattr(graph, "timings", None)
+        if timings:
+            lines.append("  stages: " + ", ".join(f"{k} {v:.3f}s" for k, v in timings.items()))
+        for part in COMPILED_PARTS:
+            value = getattr(graph, part, None)
+            if value:
+                if part == "kernel_source" and getattr(graph, "kernels", None):
+                    continue  # shown per kernel below, with launch configurations
+                lines.append(f"--- {self.kind} {part} ---\n{value}")
+        for text in self.kernels():
+            lines.append(f"--- {self.kind} {text}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class CompileRecord:
+    """One compile of one graph (one Dynamo graph, or one input signature of aot_function)."""
+
+    name: str
+    number: int  # 0 for the first compile of this object, 1 for its first recompile, ...
+    signature: list[str] = dataclasses.field(default_factory=list)
+    recompile_reason: str = ""
+    graphs: dict[str, fx.GraphModule] = dataclasses.field(default_factory=dict)
+    partition: Optional[Partition] = None
+    compiled: dict[str, CompiledPart] = dataclasses.field(default_factory=dict)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    guards: str = ""
+    scope: Optional[debug.CompileScope] = None
+
+    def artifacts(self) -> list[tuple[str, str, Any]]:
+        return list(self.scope.artifacts) if self.scope else []
+
+    def fill_from_scope(self) -> None:
+        """Graphs the AOT layer logged in this compile's scope that no wrapper saw (under
+        torch.compile the partitioner is the compiler's own)."""
+        for topic, name, value in self.artifacts():
+            if topic == "graphs" and isinstance(value, fx.GraphModule):
+                kind = name.rsplit("_", 1)[-1]
+                if kind in GRAPH_KINDS:
+                    self.graphs.setdefault(kind, value)
+        forward, backward = self.graphs.get("forward"), self.graphs.get("backward")
+        if self.partition is None and forward is not None and backward is not None:
+            self.partition = Partition.from_graphs(forward, backward)
+
+    def __str__(self) -> str:
+        title = f"===== {self.name}: compile {self.number}"
+        out = [title + (f" (recompile: {self.recompile_reason})" if self.recompile_reason else "") + " ====="]
+        if self.signature:
+            out.append("signature:\n" + "\n".join(f"  {line}" for line in self.signature))
+        if self.guards:
+            out.append(f"guards:\n{self.guards}")
+        for kind in GRAPH_KINDS:
+            gm = self.graphs.get(kind)
+            if gm is not None:
+                out.append(f"--- {kind} graph ---\n{debug.graph_text(gm).rstrip()}")
+                lines = source_lines(gm)
+                if lines:
+                    out.append(f"--- {kind} graph source lines ---\n" + "\n".join(lines))
+        if self.partition is not None:
+            out.append(f"--- partition ---\n{self.partition}")
+        for part in self.compiled.values():
+            out.append(str(part))
+        if self.timings:
+            out.append("compile time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()))
+        return "\n".join(out)
+
+
+@dataclasses.dataclass
+class Inspection:
+    """Every compile of one compiled object, oldest first."""
+
+    target: str
+    records: list[CompileRecord]
+
+    def __str__(self) -> str:
+        if not self.records:
+            return f"{self.target}: not compiled yet (call it once, then inspect)"
+        return "\n\n".join(str(record) for record in self.records)
+
+
+class Recorder:
+    """Collects ``CompileRecord``s for one compiled object by wrapping what it hands down to
+    the AOT layer: the partitioner and the forward, backward and inference compilers."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.records: list[CompileRecord] = []
+        self._current = threading.local()
+
+    # A compile starts at the partitioner (training) or the inference compiler.
+    def start(self, example_inputs: list) -> CompileRecord:
+        record = CompileRecord(self.name, len(self.records))
+        record.signature = [f"input {i}: {_describe_value(v)}" for i, v in enumerate(example_inputs)]
+        if self.records:
+            record.recompile_reason = signature_change(self.records[-1].signature, record.signature)
+            debug.artifact("recompiles", f"{self.name}_recompile_{record.number}",
+                           f"{self.name} compiled again ({record.number + 1} compiles): "
+                           f"{record.recompile_reason}", suffix=".txt")
+        record.scope = debug.current_scope()
+        self.records.append(record)
+        self._current.record = record
+        return record
+
+    def current(self) -> Optional[CompileRecord]:
+        return getattr(self._current, "record", None)
+
+    def wrap_partition(self, partition_fn: Callable) -> Callable:
+        @functools.wraps(partition_fn)
+        def partition(joint: fx.GraphModule, joint_inputs, *args, **kwargs):
+            num_primals = sum(1 for n in _placeholders(joint) if not n.name.startswith("tangents"))
+            record = self.start(list(joint_inputs)[:num_primals])
+            record.graphs["joint"] = joint
+            started = time.perf_counter()
+            forward, backward = partition_fn(joint, joint_inputs, *args, **kwargs)
+            record.timings["partition"] = time.perf_counter() - started
+            record.graphs["forward"], record.graphs["backward"] = forward, backward
+            try:
+                record.partition = Partition.from_graphs(forward, backward)
+            except Exception as error:  # a record must never break a compile
+                debug.log.info("aotforge.inspect: no partition summary: %s", error)
+            return forward, backward
+        return partition
+
+    def wrap_compiler(self, compiler: Callable, kind: str) -> Callable:
+        def compile_graph(gm: fx.GraphModule, example_inputs, *args, **kwargs):
+            record = self._record_for(gm, kind, example_inputs)
+            record.graphs.setdefault(kind, gm)
+            scope = record.scope if kind == "backward" and record.scope else None
+            started = time.perf_counter()
+            previous = compat.set_graph_being_compiled(self.name, kind, record.number)
+            try:
+                if scope is not None:  # the backward compiles later, in its own call: rejoin the scope
+                    with debug.compile_scope(record.name, scope=scope):
+                        result = compiler(gm, example_inputs, *args, **kwargs)
+                else:
+                    result = compiler(gm, example_inputs, *args, **kwargs)
+            finally:
+                compat.restore_graph_being_compiled(previous)
+            seconds = time.perf_counter() - started
+            record.timings[f"{kind} compile"] = seconds
+            record.compiled[kind] = CompiledPart(kind, result, seconds)
+            return result
+
+        compile_graph.__name__ = getattr(compiler, "__name__", "compiler")
+        compile_graph.__wrapped__ = compiler  # type: ignore[attr-defined]
+        return compile_graph
+
+    def _record_for(self, gm: fx.GraphModule, kind: str, example_inputs) -> CompileRecord:
+        if kind == "inference":
+            record = self.start(list(example_inputs))
+            return record
+        if kind == "backward":
+            for record in reversed(self.records):
+                if record.graphs.get("backward") is gm:
+                    return record
+        record = self.current()
+        if record is None or kind in record.compiled:
+            # The partitioner was not wrapped (a custom one under torch.compile): start here.
+            record = self.start(list(example_inputs))
+        return record
+
+
+def _value(node: fx.Node) -> Any:
+    return node.meta.get("val")
+
+
+def signature_change(old: list[str], new: list[str]) -> str:
+    """Which inputs of the signature changed, in words."""
+    if len(old) != len(new):
+        return f"number of inputs {len(old)} -> {len(new)}"
+    changes = [f"{b.split(':')[0]}: {a.split(': ', 1)[1]} -> {b.split(': ', 1)[1]}"
+               for a, b in zip(old, new) if a != b]
+    return "; ".join(changes) or "same input signature (grad mode, autocast or a non-tensor argument changed)"
+
+
+# --- torch.compile: records per Dynamo frame ------------------------------------------------
+
+# (file, function name) of the frame Dynamo compiled -> its records (graph breaks and
+# recompiles add more). Keyed by name so that resume functions after a graph break count.
+_DYNAMO_RECORDS: dict[tuple[str, str], Recorder] = {}
+_RECORDS_BY_OBJECT: "weakref.WeakKeyDictionary[Any, Recorder]" = weakref.WeakKeyDictionary()
+_RESUME_PREFIX = "torch_dynamo_resume_in_"
+_DYNAMO_DIR = os.path.join("torch", "_dynamo", "")
+
+
+def _frame_key(code) -> tuple[str, str]:
+    name = code.co_name
+    if name.startswith(_RESUME_PREFIX):
+        name = name[len(_RESUME_PREFIX):].rsplit("_at_", 1)[0]
+    return code.co_filename, name
+
+
+def dynamo_recorder() -> Optional[Recorder]:
+    """The recorder for the frame Dynamo is compiling now (None outside Dynamo)."""
+    try:
+        from torch._guards import TracingContext
+    except ImportError:
+        return None
+    context = TracingContext.try_get()
+    codes = getattr(context, "traced_code", None) if context is not None else None
+    if not codes:
+        return None
+    # Dynamo may enter through its own helper frames (external_utils' wrappers); the
+    # user's frame is the first one outside torch/_dynamo.
+    root = next((code for code in codes if _DYNAMO_DIR not in code.co_filename), codes[0])
+    key = _frame_key(root)
+    if key not in _DYNAMO_RECORDS:
+        _DYNAMO_RECORDS[key] = Recorder(key[1])
+    return _DYNAMO_RECORDS[key]
+
+
+def attach(obj: Any, recorder: Recorder) -> None:
+    try:
+        _RECORDS_BY_OBJECT[obj] = recorder
+    except TypeError:  # not weak-referenceable: keep it on the object
+        setattr(obj, "_aotforge_recorder", recorder)
+
+
+def _dynamo_target(obj: Any) -> Optional[tuple[Any, Any]]:
+    """(original callable, code object) of a torch.compile'd module or function."""
+    original = getattr(obj, "_orig_mod", None) or getattr(obj, "_torchdynamo_orig_callable", None)
+    if original is None:
+        return None
+    if isinstance(original, torch.nn.Module):
+        code = getattr(type(original).forward, "__code__", None)
+    else:
+        code = getattr(getattr(original, "__func__", original), "__code__", None)
+    return original, code
+
+
+def _dynamo_guards(code) -> str:
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return ""
+    try:
+        entries = _debug_get_cache_entry_list(code)
+    except Exception:
+        return ""
+    texts = [str(getattr(entry, "guard_manager", "")) for entry in entries]
+    return "\n".join(text for text in texts if text)
+
+
+def inspect(compiled: Any) -> Inspection:
+    """Every compile aotforge did for ``compiled``: an ``aotforge.aot_function`` /
+    ``aot_module`` result, or a ``torch.compile``'d module or function (aotforge backends)."""
+    recorder = _RECORDS_BY_OBJECT.get(compiled) if _weakable(compiled) else None
+    recorder = recorder or getattr(compiled, "_aotforge_recorder", None)
+    if recorder is not None:
+        return _inspection(recorder.name, recorder.records)
+    target = _dynamo_target(compiled)
+    if target is not None:
+        original, code = target
+        if code is None:
+            raise TypeError(f"aotforge.inspect: cannot find the code of {original!r}")
+        recorder = _DYNAMO_RECORDS.get(_frame_key(code))
+        records = list(recorder.records) if recorder else []
+        guards = _dynamo_guards(code)
+        for record in records:
+            record.guards = record.guards or guards
+        name = type(original).__name__ if isinstance(original, torch.nn.Module) else getattr(original, "__name__", "?")
+        return _inspection(name, records)
+    raise TypeError(
+        f"aotforge.inspect: {type(compiled).__name__} was not compiled by aotforge; pass the "
+        "result of aotforge.aot_function / aot_module or of torch.compile(..., "
+        "backend='aotforge' or 'aotforge_eager')"
+    )
+
+
+def _inspection(name: str, records: list[CompileRecord]) -> Inspection:
+    for record in records:
+        record.fill_from_scope()
+    return Inspection(name, list(records))
+
+
+def _weakable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
+
+
+# --- the public aot_function / aot_module, recording ----------------------------------------
+
+def _recording(entry: Callable) -> Callable:
+    """``entry`` (aot.aot_function or aot.aot_module) with its compilers and partitioner
+    wrapped by a Recorder attached to the result. Both take aot_function's arguments after
+    the function or module."""
+    from .aot import aot_function
+    from .partition import default_partition
+
+    signature = _pyinspect.signature(aot_function)
+
+    @functools.wraps(entry)
+    def recording_entry(first, *args, **kwargs):
+        try:
+            arguments = signature.bind_partial(first, *args, **kwargs).arguments
+        except TypeError:
+            return entry(first, *args, **kwargs)  # let the AOT layer report the bad call
+        forward = arguments.get("fw_compiler")
+        if not callable(forward):
+            return entry(first, *args, **kwargs)
+        del arguments["fn"]
+        recorder = Recorder(_name_of(first))
+        arguments["fw_compiler"] = recorder.wrap_compiler(forward, "forward")
+        arguments["bw_compiler"] = recorder.wrap_compiler(arguments.get("bw_compiler") or forward, "backward")
+        arguments["inference_compiler"] = recorder.wrap_compiler(
+            arguments.get("inference_compiler") or forward, "inference")
+        arguments["partition_fn"] = recorder.wrap_partition(arguments.get("partition_fn") or default_partition)
+        result = entry(first, **arguments)
+        attach(result, recorder)
+        return result
+
+    return recording_entry
+
+
+def _name_of(obj: Any) -> str:
+    if isinstance(obj, torch.nn.Module):
+        return type(obj).__name__
+    return getattr(obj, "__name__", type(obj).__name__)
