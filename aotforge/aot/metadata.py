@@ -2,7 +2,8 @@
 (on fake tensors) and read off what it did to its inputs and what its outputs alias."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import dataclasses
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch._C._autograd import CreationMeta, _get_creation_meta
@@ -20,6 +21,15 @@ from .functional import (
     to_functional,
 )
 from .schemas import InputInfo, OutputInfo, OutputKind, StridedLayout, ViewAndMutationMeta
+from .view_replay import ViewReplay, record_view_replay
+
+
+@dataclasses.dataclass
+class ContractMeta(ViewAndMutationMeta):
+    """ViewAndMutationMeta plus what only the runtime epilogue reads."""
+
+    # Per user output: how to rebuild it from its base if it is an alias, else None.
+    view_replays: list[Optional[ViewReplay]] = dataclasses.field(default_factory=list)
 
 
 _STORAGE_SWAP_MESSAGE = (
@@ -55,13 +65,14 @@ def collect_metadata(
                 _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
                 for f_arg, arg, grad_fn_before in zip(functional_args, fake_args, grad_fns_before)
             ]
-            output_info, bases = _output_info(outputs, functional_args, storages)
-            meta = ViewAndMutationMeta(
+            output_info, bases, view_replays = _output_info(outputs, functional_args, storages)
+            meta = ContractMeta(
                 input_info=input_info,
                 output_info=output_info,
                 num_intermediate_bases=len(bases),
                 intermediate_base_requires_grad=[bool(b.requires_grad) for b in bases],
                 is_training=is_training,
+                view_replays=view_replays,
             )
             graph_outputs = [
                 *(functional_args[i] for i in meta.mutated_input_indices),
@@ -120,11 +131,14 @@ def _grows_storage(layout: StridedLayout, arg: torch.Tensor) -> bool:
     return isinstance(nbytes, int) and (last + 1) * arg.element_size() > nbytes
 
 
-def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], list]:
-    """Classify each output; return the infos and the intermediate bases the graph must add."""
+def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], list, list]:
+    """Classify each output; return the infos, the intermediate bases the graph must add, and
+    for each aliased output how to replay its views."""
     infos: list[OutputInfo] = []
     bases: list[torch.Tensor] = []
+    replays: list[Optional[ViewReplay]] = []
     for out in outputs:
+        replays.append(None)
         if not isinstance(out, torch.Tensor):
             infos.append(OutputInfo(kind=OutputKind.NOT_ALIAS, is_tensor=False))
             continue
@@ -137,6 +151,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
             continue
         input_index = storages.get(storage_ref(out))
         if input_index is not None:
+            replays[-1] = record_view_replay(out, functional_args[input_index])
             infos.append(
                 OutputInfo(
                     OutputKind.ALIAS_OF_INPUT,
@@ -161,6 +176,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
                 bases.append(base)
                 base_index = len(bases) - 1
             base_is_user_output = False
+        replays[-1] = record_view_replay(out, base)
         infos.append(
             OutputInfo(
                 OutputKind.ALIAS_OF_INTERMEDIATE,
@@ -173,7 +189,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
                 multi_output_view=_is_multi_output_view(out),
             )
         )
-    return infos, bases
+    return infos, bases, replays
 
 
 def _is_multi_output_view(tensor: torch.Tensor) -> bool:

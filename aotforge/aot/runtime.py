@@ -30,7 +30,11 @@ class Epilogue:
         self.only_fresh_outputs = all(o.kind is OutputKind.NOT_ALIAS for o in meta.output_info)
         layouts = [info.layout_after for _, info in self.metadata_mutated]
         layouts += [o.layout for o in meta.output_info if o.layout is not None]
-        self.needs_bindings = any(not layout.is_static for layout in layouts)
+        self.replays = getattr(meta, "view_replays", None) or [None] * len(meta.output_info)
+        self.needs_bindings = any(not layout.is_static for layout in layouts) or any(
+            replay is not None and replay.steps is not None and not all(s.is_static for s in replay.steps)
+            for replay in self.replays
+        )
 
     def __call__(self, args: Sequence, graph_outputs: Sequence) -> list:
         bindings = symbol_bindings(self.fake_args, args) if self.needs_bindings else {}
@@ -56,12 +60,18 @@ class Epilogue:
             if info.kind is OutputKind.IS_INPUT:
                 outputs[position] = args[info.base_index]
             elif info.kind is OutputKind.ALIAS_OF_INPUT:
-                outputs[position] = _regenerate_view(args[info.base_index], info, bindings)
+                outputs[position] = self._regenerate(args[info.base_index], position, bindings)
             elif info.kind is OutputKind.ALIAS_OF_INTERMEDIATE:
                 base = outputs[info.base_index] if info.base_is_user_output else bases[info.base_index]
                 _check_base_layout(base, info.base_layout, bindings)
-                outputs[position] = _regenerate_view(base, info, bindings)
+                outputs[position] = self._regenerate(base, position, bindings)
         return outputs
+
+    def _regenerate(self, base: torch.Tensor, position: int, bindings: dict) -> torch.Tensor:
+        replay = self.replays[position]
+        if replay is None:  # metadata made without view records (export's)
+            return _regenerate_view(base, self.meta.output_info[position], bindings)
+        return replay.apply(base, bindings)
 
 
 def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
