@@ -94,8 +94,17 @@ def _output_summary(value):
         _read(lambda: value.grad_fn is not None),
         value.is_conj(),
         value.is_neg(),
-        _read(lambda: type(value.grad_fn).__name__ if value._is_view() and value.grad_fn is not None else None),
+        _read(lambda: _view_grad_fn_kind(value)),
     )
+
+
+def _view_grad_fn_kind(value: torch.Tensor):
+    """The grad_fn class name of a view made by a view op (a custom autograd.Function's
+    node is the user's, and a compiled function has its own: not compared)."""
+    grad_fn = value.grad_fn
+    if not value._is_view() or grad_fn is None or isinstance(grad_fn, torch.autograd.function.BackwardCFunction):
+        return None
+    return type(grad_fn).__name__
 
 
 def _read(attribute: Callable[[], Any]) -> Any:

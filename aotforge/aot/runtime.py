@@ -19,8 +19,11 @@ from .schemas import InputInfo, OutputKind, StridedLayout, ViewAndMutationMeta, 
 class Epilogue:
     """Turns the graph's outputs into the user's outputs, with eager's side effects."""
 
-    def __init__(self, meta: ViewAndMutationMeta, fake_args: Sequence):
+    def __init__(self, meta: ViewAndMutationMeta, fake_args: Sequence, *, custom_aliases_done: bool = False):
         self.meta = meta
+        # Outputs a custom autograd.Function returned as views of inputs: replayed here
+        # (inference), or already inside the training autograd.Function (custom_aliases_done).
+        self.custom_aliases = [] if custom_aliases_done else custom_alias_slots(meta)
         self.fake_args = list(fake_args)
         self.mutated = [(i, meta.input_info[i]) for i in meta.mutated_input_indices]
         self.metadata_mutated = [
@@ -31,10 +34,7 @@ class Epilogue:
         layouts = [info.layout_after for _, info in self.metadata_mutated]
         layouts += [o.layout for o in meta.output_info if o.layout is not None]
         self.replays = getattr(meta, "view_replays", None) or [None] * len(meta.output_info)
-        self.needs_bindings = any(not layout.is_static for layout in layouts) or any(
-            replay is not None and replay.steps is not None and not all(s.is_static for s in replay.steps)
-            for replay in self.replays
-        )
+        self.needs_bindings = needs_bindings(meta) or any(not layout.is_static for layout in layouts)
 
     def __call__(self, args: Sequence, graph_outputs: Sequence) -> list:
         bindings = symbol_bindings(self.fake_args, args) if self.needs_bindings else {}
@@ -48,6 +48,10 @@ class Epilogue:
                 # Under grad mode autograd records the in-place view, as it did for eager's t_().
                 args[index].as_strided_(*info.layout_after.evaluate(bindings))
         fresh = graph_outputs[num_mutated : num_mutated + self.num_fresh]
+        if self.custom_aliases:
+            fresh = list(fresh)
+            for slot, input_index, replay in self.custom_aliases:
+                fresh[slot] = replay.apply(args[input_index], bindings)
         if self.only_fresh_outputs:
             return list(fresh)
         bases = graph_outputs[num_mutated + self.num_fresh :]
@@ -72,6 +76,21 @@ class Epilogue:
         if replay is None:  # metadata made without view records (export's)
             return _regenerate_view(base, self.meta.output_info[position], bindings)
         return replay.apply(base, bindings)
+
+
+def custom_alias_slots(meta) -> list:
+    """(position among the fresh outputs, input index, replay) per custom-Function alias."""
+    aliases = getattr(meta, "custom_function_aliases", None) or {}
+    fresh = meta.fresh_output_indices
+    return [(fresh.index(output), index, meta.view_replays[output]) for output, index in aliases.items()]
+
+
+def needs_bindings(meta) -> bool:
+    """Whether some view replay has sizes that depend on this call's input sizes."""
+    return any(
+        replay is not None and replay.steps is not None and not all(s.is_static for s in replay.steps)
+        for replay in getattr(meta, "view_replays", None) or ()
+    )
 
 
 def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
@@ -136,8 +155,13 @@ def make_training_runtime(
 ) -> Callable:
     """``run(args) -> user outputs`` through a custom autograd.Function whose backward
     compiles the backward graph the first time it runs."""
-    epilogue = Epilogue(meta, fake_args)
+    epilogue = Epilogue(meta, fake_args, custom_aliases_done=True)
     num_outputs = meta.num_graph_outputs
+    # Outputs of custom autograd.Functions that alias inputs: returning the input's view from
+    # forward() makes autograd give it this Function's backward, like the user's Function did.
+    num_mutated = len(meta.mutated_input_indices)
+    custom_aliases = [(num_mutated + slot, index, replay) for slot, index, replay in custom_alias_slots(meta)]
+    custom_needs_bindings = needs_bindings(meta)
     differentiable = meta.graph_output_requires_grad()
     non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
     tangent_indices = [i for i, d in enumerate(differentiable) if d]
@@ -148,6 +172,10 @@ def make_training_runtime(
         def forward(ctx, *args):
             results = call_compiled(compiled_forward, list(args))
             outputs = results[:num_outputs]
+            if custom_aliases:
+                bindings = symbol_bindings(fake_args, args) if custom_needs_bindings else {}
+                for slot, index, replay in custom_aliases:
+                    outputs[slot] = replay.apply(args[index], bindings, patch_requires_grad=False)
             saved = results[num_outputs : num_outputs + num_saved_tensors]
             for position in clone_saved:
                 saved[position] = saved[position].clone()

@@ -54,11 +54,13 @@ class ViewReplay:
     is_neg: bool
     requires_grad: bool
 
-    def apply(self, base: torch.Tensor, bindings: dict) -> torch.Tensor:
+    def apply(self, base: torch.Tensor, bindings: dict, *, patch_requires_grad: bool = True) -> torch.Tensor:
         if self.steps is not None:
             view = _apply_sequence(base, [_view_meta(step, bindings) for step in self.steps])
         else:
             view = self._as_strided(base, bindings)
+        if not patch_requires_grad:
+            return view
         # requires_grad as eager had it: a detached view, or requires_grad_() on a view of a
         # tensor that did not require grad.
         if view.requires_grad and not self.requires_grad:
