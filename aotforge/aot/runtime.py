@@ -133,7 +133,10 @@ def make_inference_runtime(compiled: Callable, meta: ViewAndMutationMeta, fake_a
     epilogue = Epilogue(meta, fake_args)
 
     def run(args: list) -> list:
-        graph_outputs = call_compiled(compiled, list(args))
+        # The graph's outputs carry no autograd history (eager computed them under no_grad,
+        # or nothing needed a gradient), even when the call runs in grad mode.
+        with torch.no_grad():
+            graph_outputs = call_compiled(compiled, list(args))
         return epilogue(args, graph_outputs)
 
     return run

@@ -14,10 +14,13 @@ in-place view op such as ``t_``, whose replay would change the base itself).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Optional
 
 import torch
+
+from torch._C._autograd import CreationMeta, _get_creation_meta
 
 from .schemas import StridedLayout, _evaluate, _to_expr
 
@@ -53,12 +56,16 @@ class ViewReplay:
     is_conj: bool
     is_neg: bool
     requires_grad: bool
+    # Eager made the view under no_grad: it has no grad_fn (and in-place changes to it are
+    # restricted), so it is replayed under no_grad too.
+    made_under_no_grad: bool = False
 
     def apply(self, base: torch.Tensor, bindings: dict, *, patch_requires_grad: bool = True) -> torch.Tensor:
-        if self.steps is not None:
-            view = _apply_sequence(base, [_view_meta(step, bindings) for step in self.steps])
-        else:
-            view = self._as_strided(base, bindings)
+        with torch.no_grad() if self.made_under_no_grad else contextlib.nullcontext():
+            if self.steps is not None:
+                view = _apply_sequence(base, [_view_meta(step, bindings) for step in self.steps])
+            else:
+                view = self._as_strided(base, bindings)
         if not patch_requires_grad:
             return view
         # requires_grad as eager had it: a detached view, or requires_grad_() on a view of a
@@ -94,6 +101,7 @@ def record_view_replay(output: torch.Tensor, base: Optional[torch.Tensor]) -> Vi
         is_conj=output.is_conj(),
         is_neg=output.is_neg(),
         requires_grad=bool(output.requires_grad),
+        made_under_no_grad=output._is_view() and _get_creation_meta(output) == CreationMeta.NO_GRAD_MODE,
     )
 
 

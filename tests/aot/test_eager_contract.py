@@ -137,3 +137,59 @@ def test_custom_function_returning_its_input_gradient_value():
     out.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 0.5, dtype=D))
     assert out._base is x  # still an alias of the input, as in eager
+
+
+# --- outputs made under no_grad, requires_grad_() on outputs -----------------------------------
+def _all_outputs_under_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+    return y
+
+
+def _view_under_no_grad(x):
+    with torch.no_grad():
+        y = x.view(-1)
+    return y, x * 2
+
+
+def _select_under_no_grad(x):
+    with torch.no_grad():
+        y = x[0]
+    return y
+
+
+def _intermediate_and_view_under_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+    return y.view(-1), y
+
+
+def _requires_grad_on_view_of_plain(p):
+    y = p.view(-1)
+    y.requires_grad_(True)
+    return y
+
+
+def _requires_grad_on_view_used(x, p):
+    y = p[0]
+    y.requires_grad_(True)
+    return y * x, y
+
+
+NO_GRAD_CASES = {
+    "all_outputs_under_no_grad": (_all_outputs_under_no_grad, lambda: (leaf(3),)),
+    "view_under_no_grad": (_view_under_no_grad, lambda: (leaf(3),)),
+    "select_under_no_grad": (_select_under_no_grad, lambda: (leaf(2, 3),)),
+    "intermediate_and_view_under_no_grad": (_intermediate_and_view_under_no_grad, lambda: nonleaf(3)),
+    "requires_grad_on_view_of_plain": (_requires_grad_on_view_of_plain, lambda: (plain(3),)),
+    "requires_grad_on_view_used": (_requires_grad_on_view_used, lambda: (leaf(3), plain(2, 3))),
+}
+
+
+@pytest.mark.parametrize("how", sorted(COMPILERS))
+@pytest.mark.parametrize("name", sorted(NO_GRAD_CASES))
+def test_outputs_made_under_no_grad_and_requires_grad_(name, how):
+    fn, make = NO_GRAD_CASES[name]
+    if how == "torch_compile" and name.startswith("requires_grad_on"):
+        pytest.skip("Dynamo itself refuses to return a tensor that had requires_grad_() called")
+    _verify(fn, make, how)
