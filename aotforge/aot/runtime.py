@@ -95,10 +95,21 @@ def needs_bindings(meta) -> bool:
 
 def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
     """Copy an updated value into the input the user passed, as eager's mutation would."""
+    if _same_memory(original, updated):
+        return  # the graph kept the mutation (disable_functionalization): already written
     if info.mutations_hidden_from_autograd or info.mutations_under_no_grad:
         original.detach().copy_(updated)  # bumps the version, records no autograd history
     else:
         original.copy_(updated)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.stride() == b.stride()
+        and a.shape == b.shape
+        and a.data_ptr() != 0
+    )
 
 
 def _regenerate_view(base: torch.Tensor, info, bindings: dict) -> torch.Tensor:
