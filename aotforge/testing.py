@@ -76,6 +76,11 @@ class TensorSummary:
     requires_grad: bool
     is_leaf: Any  # bool, or the error reading it raised
     has_grad_fn: Any
+    is_conj: bool = False
+    is_neg: bool = False
+    # For outputs that are views: the kind of their grad_fn (ViewBackward0, SplitBackward0...),
+    # which decides what autograd allows on them later (in-place ops on multi-output views).
+    view_grad_fn: Any = None
 
 
 def _output_summary(value):
@@ -87,7 +92,19 @@ def _output_summary(value):
         value.requires_grad,
         _read(lambda: value.is_leaf),
         _read(lambda: value.grad_fn is not None),
+        value.is_conj(),
+        value.is_neg(),
+        _read(lambda: _view_grad_fn_kind(value)),
     )
+
+
+def _view_grad_fn_kind(value: torch.Tensor):
+    """The grad_fn class name of a view made by a view op (a custom autograd.Function's
+    node is the user's, and a compiled function has its own: not compared)."""
+    grad_fn = value.grad_fn
+    if not value._is_view() or grad_fn is None or isinstance(grad_fn, torch.autograd.function.BackwardCFunction):
+        return None
+    return type(grad_fn).__name__
 
 
 def _read(attribute: Callable[[], Any]) -> Any:
@@ -149,6 +166,9 @@ def _gradients(outputs, inputs, leaves) -> list:
         if value.requires_grad and value.is_floating_point():
             weight = torch.randn(value.shape, generator=generator, dtype=torch.float64)
             terms.append((value * weight.to(value.dtype)).sum())
+        elif value.requires_grad and value.is_complex():
+            weight = torch.randn(value.shape, generator=generator, dtype=torch.complex128)
+            terms.append((value * weight.to(value.dtype)).real.sum())
     for leaf in leaves:
         leaf.grad = None
     if terms:
@@ -203,6 +223,13 @@ def compare(actual: Observation, expected: Observation, mode: str, rtol: float, 
             assert a.requires_grad == e.requires_grad, f"{what}: requires_grad {a.requires_grad} != eager {e.requires_grad}"
             assert a.is_leaf == e.is_leaf, f"{what}: is_leaf {a.is_leaf} != eager {e.is_leaf}"
             assert a.has_grad_fn == e.has_grad_fn, f"{what}: grad_fn presence {a.has_grad_fn} != eager {e.has_grad_fn}"
+            assert (a.is_conj, a.is_neg) == (e.is_conj, e.is_neg), (
+                f"{what}: (is_conj, is_neg) {(a.is_conj, a.is_neg)} != eager {(e.is_conj, e.is_neg)}"
+            )
+            # Eager regenerates a view's grad_fn as AsStridedBackward0 after an in-place
+            # change of its base (an implementation detail, same gradients): not compared.
+            if e.view_grad_fn not in (None, "AsStridedBackward0"):
+                assert a.view_grad_fn == e.view_grad_fn, f"{what}: grad_fn {a.view_grad_fn} != eager {e.view_grad_fn}"
         else:
             assert a == e, f"{what}: {a!r} != eager {e!r}"
     for i, (a, e) in enumerate(zip(actual.inputs_after, expected.inputs_after)):

@@ -6,6 +6,7 @@ compiled callable per input signature, and dispatches each call to the right one
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -14,28 +15,62 @@ import torch.utils._pytree as pytree
 
 from ..config import config as global_config
 from ..partition import default_partition
-from .compile import compile_flat, is_training_call
+from .compile import CompileConfig, compile_flat, is_training_call
+from .guards import autocast_state, check_no_fake_constants, closure_state_fn, constant_key
 from .schemas import AOTConfig
 
 
 def _make_config(
     fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
     keep_inference_input_mutations, inference_compiler, dynamic, name,
+    disable_functionalization: bool = False,
 ) -> AOTConfig:
-    if not callable(fw_compiler):
-        raise TypeError(f"aotforge: fw_compiler must be callable, got {fw_compiler!r}")
-    return AOTConfig(
+    """Validate the caller's choices now, so that a mistake is reported where it was made
+    (not as "'int' object is not callable" when the backward first runs)."""
+    for what, value in (
+        ("fw_compiler", fw_compiler), ("bw_compiler", bw_compiler),
+        ("inference_compiler", inference_compiler), ("partition_fn", partition_fn),
+    ):
+        if not callable(value) and (value is not None or what == "fw_compiler"):
+            raise TypeError(f"aotforge: {what} must be callable, got {value!r}")
+    decompositions = _check_decompositions(decompositions)
+    if not isinstance(num_params_buffers, int) or isinstance(num_params_buffers, bool) or num_params_buffers < 0:
+        raise TypeError(f"aotforge: num_params_buffers must be a non-negative int, got {num_params_buffers!r}")
+    return CompileConfig(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler if bw_compiler is not None else fw_compiler,
         inference_compiler=inference_compiler if inference_compiler is not None else fw_compiler,
         partition_fn=partition_fn if partition_fn is not None else default_partition,
-        decompositions=dict(decompositions or {}),
+        decompositions=decompositions,
         num_params_buffers=num_params_buffers,
-        keep_inference_input_mutations=keep_inference_input_mutations,
-        dynamic=dynamic,
+        keep_inference_input_mutations=bool(keep_inference_input_mutations),
+        dynamic=bool(dynamic),
         static_input_indices=tuple(range(num_params_buffers)),
         name=name,
+        disable_functionalization=bool(disable_functionalization),
     )
+
+
+_CONFIG_DEFAULTS = dict(
+    bw_compiler=None, partition_fn=default_partition, decompositions=None, num_params_buffers=0,
+    keep_inference_input_mutations=False, inference_compiler=None,
+)
+
+
+def _check_decompositions(decompositions) -> dict:
+    if decompositions is None:
+        return {}
+    if not hasattr(decompositions, "items"):
+        raise TypeError(
+            "aotforge: decompositions must be a dict from ATen ops to functions (as made by "
+            f"torch._decomp.get_decompositions), got {type(decompositions).__name__}"
+        )
+    for op, implementation in decompositions.items():
+        if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            raise TypeError(f"aotforge: decompositions has the key {op!r}, which is not an ATen op (torch.ops.aten.*)")
+        if not callable(implementation):
+            raise TypeError(f"aotforge: the decomposition of {op} must be callable, got {implementation!r}")
+    return dict(decompositions)
 
 
 def _is_traced(value) -> bool:
@@ -75,7 +110,7 @@ def _signature(flat_args: Sequence, spec_key, dynamic: bool) -> tuple:
 
     Runs on every call, so it is one flat tuple built in one pass.
     """
-    parts: list[Any] = [spec_key, torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")]
+    parts: list[Any] = [spec_key, autocast_state()]
     any_requires_grad = False
     storages: dict[int, int] = {}
     objects: dict[int, int] = {}
@@ -94,7 +129,7 @@ def _signature(flat_args: Sequence, spec_key, dynamic: bool) -> tuple:
                 storages.setdefault(ptr, len(storages)) if ptr else -1,
             )
         else:
-            parts += (type(arg), arg)
+            parts += (type(arg), constant_key(arg))
     parts.append(any_requires_grad and torch.is_grad_enabled())
     return tuple(parts)
 
@@ -110,19 +145,34 @@ def aot_function(
     inference_compiler: Optional[Callable] = None,
     *,
     dynamic: bool = False,
+    enable_log: bool = True,
+    disable_functionalization: bool = False,
 ) -> Callable:
     """Trace ``fn``'s forward and backward ahead of time and compile them.
 
     Compilation happens on the first call with a new input signature (shapes, dtypes,
-    devices, requires_grad, non-tensor values, grad mode); later calls with the same
-    signature reuse the compiled graphs.
+    devices, requires_grad, non-tensor values, grad mode, module modes, the globals and
+    closure values the function reads); later calls with the same signature reuse the
+    compiled graphs.
+
+    The keywords are functorch.compile's: ``enable_log`` is accepted for compatibility
+    (aotforge logs through AOTFORGE_LOG); ``disable_functionalization=True`` traces the graphs
+    without functionalization, so in-place ops stay in them.
     """
+    if isinstance(fn, nn.Module):
+        raise TypeError(
+            f"aotforge: aot_function got the module {type(fn).__name__}; its parameters would "
+            "be baked into the graph as constants and get no gradients. Use "
+            "aotforge.aot_module(module, ...) instead."
+        )
     config = _make_config(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
         keep_inference_input_mutations, inference_compiler, dynamic,
-        getattr(fn, "__name__", "function"),
+        getattr(fn, "__name__", "function"), disable_functionalization,
     )
     cache: list[_CacheEntry] = []
+    # Globals, closure values and module state the trace may have read: part of every key.
+    outside_state = closure_state_fn(fn)
 
     def compile_for(flat_args: list, in_spec, key) -> _CacheEntry:
         if len(cache) >= global_config.cache_size_limit:
@@ -167,7 +217,7 @@ def aot_function(
             flat_args, spec_key = args, len(args)
         else:
             flat_args, spec_key = pytree.tree_flatten((args, kwargs))
-        key = _signature(flat_args, spec_key, config.dynamic)
+        key = (_signature(flat_args, spec_key, config.dynamic), outside_state())
         for entry in cache:
             if entry.key == key and (entry.guard is None or entry.guard(flat_args)):
                 break
@@ -199,20 +249,29 @@ def _shape_guard(fake_args: Sequence) -> Optional[Callable]:
 def aot_module(mod: nn.Module, *args, **kwargs) -> nn.Module:
     """``aot_function`` for an nn.Module: parameters and buffers are lifted as the first flat
     inputs, so the compiled graphs are functions of them and gradients reach them."""
-    parameter_names = [name for name, _ in mod.named_parameters(remove_duplicate=False)]
-    buffer_names = [name for name, _ in mod.named_buffers(remove_duplicate=False)]
-    names = parameter_names + buffer_names
-    num_params_buffers = len(names)
+    if not isinstance(mod, nn.Module):
+        raise TypeError(f"aotforge: aot_module expects an nn.Module, got {type(mod).__name__}; use aot_function")
+    check_no_fake_constants(mod)
+    # Validate the compile arguments now; the functions are made on the first call.
+    bound = inspect.signature(aot_function).bind(mod, *args, **kwargs).arguments
+    bound.pop("fn")
+    bound.pop("enable_log", None)
+    dynamic = bound.pop("dynamic", False)
+    _make_config(**{**_CONFIG_DEFAULTS, **bound}, dynamic=dynamic, name=type(mod).__name__)
+    # One compiled function per set of parameter and buffer names: adding or removing one
+    # changes the graph's inputs, so it must never reuse a graph traced without it.
+    compiled_calls: dict[tuple, Callable] = {}
 
-    def functional_call(*flat_params_and_args, **call_kwargs):
-        state = dict(zip(names, flat_params_and_args[:num_params_buffers]))
-        user_args = flat_params_and_args[num_params_buffers:]
-        return torch.func.functional_call(mod, state, user_args, call_kwargs, tie_weights=False)
+    def compiled_call_for(names: tuple) -> Callable:
+        num_params_buffers = len(names)
 
-    functional_call.__name__ = type(mod).__name__
-    compiled_call = aot_function(
-        functional_call, *args, num_params_buffers=num_params_buffers, **kwargs
-    )
+        def functional_call(*flat_params_and_args, **call_kwargs):
+            state = dict(zip(names, flat_params_and_args[:num_params_buffers]))
+            user_args = flat_params_and_args[num_params_buffers:]
+            return torch.func.functional_call(mod, state, user_args, call_kwargs, tie_weights=False)
+
+        functional_call.__name__ = type(mod).__name__
+        return aot_function(functional_call, *args, num_params_buffers=num_params_buffers, **kwargs)
 
     class AOTModule(nn.Module):
         """The original module, run through aotforge."""
@@ -222,10 +281,15 @@ def aot_module(mod: nn.Module, *args, **kwargs) -> nn.Module:
             self.orig_module = mod
 
         def forward(self, *call_args, **call_kwargs):
-            params = dict(mod.named_parameters(remove_duplicate=False))
-            buffers = dict(mod.named_buffers(remove_duplicate=False))
-            state = [params[n] for n in parameter_names] + [buffers[n] for n in buffer_names]
-            return compiled_call(*state, *call_args, **call_kwargs)
+            named = [
+                *mod.named_parameters(remove_duplicate=False),
+                *mod.named_buffers(remove_duplicate=False),
+            ]
+            names = tuple(name for name, _ in named)
+            compiled_call = compiled_calls.get(names)
+            if compiled_call is None:
+                compiled_call = compiled_calls[names] = compiled_call_for(names)
+            return compiled_call(*(value for _, value in named), *call_args, **call_kwargs)
 
     return AOTModule()
 
@@ -244,6 +308,7 @@ def aot_module_simplified(
     """The low-overhead entry used under Dynamo: ``mod`` is called with flat ``args`` (fake
     tensors and SymInts), compiled now, and the returned callable takes the real flat
     arguments. Dynamo's guards decide when to recompile, so there is no cache here."""
+    check_no_fake_constants(mod)
     params = [
         *(p for _, p in mod.named_parameters(remove_duplicate=False)),
         *(b for _, b in mod.named_buffers(remove_duplicate=False)),

@@ -5,6 +5,7 @@ function of its own.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import torch
@@ -14,11 +15,20 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
+from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
 from .runtime import make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
 from .trace import graph_outputs_fn, make_tangents, trace_forward, trace_joint
+
+
+@dataclasses.dataclass
+class CompileConfig(AOTConfig):
+    """AOTConfig plus the functorch.compile options only this stage reads."""
+
+    # Trace without functionalization: in-place ops stay in the graphs (functorch's meaning).
+    disable_functionalization: bool = False
 
 
 def is_training_call(flat_args: Sequence) -> bool:
@@ -93,8 +103,10 @@ def compile_flat(
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode) -> Callable:
     with torch.no_grad():
         forward = trace_forward(
-            graph_fn, fake_args, meta, decompositions=config.decompositions, fake_mode=fake_mode
+            graph_fn, fake_args, meta, decompositions=config.decompositions, fake_mode=fake_mode,
+            functionalize=not getattr(config, "disable_functionalization", False),
         )
+    check_graph_constants(forward, grad_enabled=torch.is_grad_enabled())
     debug.graph_artifact("graphs", f"{config.name}_inference", forward)
     with torch.no_grad():
         compiled = config.inference_compiler(forward, _placeholder_values(forward))
@@ -105,8 +117,10 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     tangents = make_tangents(graph_output_fakes, meta)
     with torch.enable_grad():
         joint = trace_joint(
-            graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode
+            graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode,
+            functionalize=not getattr(config, "disable_functionalization", False),
         )
+    check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
     num_outputs = meta.num_graph_outputs
     forward, backward = config.partition_fn(
@@ -118,7 +132,9 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     debug.graph_artifact("graphs", f"{config.name}_forward", forward)
     debug.graph_artifact("graphs", f"{config.name}_backward", backward)
     saved = _output_values(forward)[num_outputs:]
-    num_saved_symints = sum(1 for v in saved if isinstance(v, (torch.SymInt, int)))
+    # The partitioner saves symbolic values (SymInt, and SymFloat for a float argument) after
+    # the tensors; the runtime keeps them on ctx rather than save_for_backward.
+    num_saved_symints = sum(1 for v in saved if not isinstance(v, torch.Tensor))
     num_saved_tensors = len(saved) - num_saved_symints
     clone_saved = _saved_aliases_of_mutated_inputs(forward, meta, num_outputs, num_saved_tensors)
     with torch.no_grad():

@@ -2,7 +2,8 @@
 (on fake tensors) and read off what it did to its inputs and what its outputs alias."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import dataclasses
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch._C._autograd import CreationMeta, _get_creation_meta
@@ -20,6 +21,21 @@ from .functional import (
     to_functional,
 )
 from .schemas import InputInfo, OutputInfo, OutputKind, StridedLayout, ViewAndMutationMeta
+from .view_replay import ViewReplay, record_view_replay
+
+
+@dataclasses.dataclass
+class ContractMeta(ViewAndMutationMeta):
+    """ViewAndMutationMeta plus what only the runtime epilogue reads."""
+
+    # Per user output: how to rebuild it from its base if it is an alias, else None.
+    view_replays: list[Optional[ViewReplay]] = dataclasses.field(default_factory=list)
+    # Outputs a custom autograd.Function returned as (a view of) its input, by output index:
+    # the input index. The graph computes them as regular outputs, so that the Function's
+    # backward is traced; the runtime hands back the replayed view of the real input in their
+    # place, so that they still alias the input as in eager. (A plain view replay would drop
+    # the custom backward.)
+    custom_function_aliases: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 _STORAGE_SWAP_MESSAGE = (
@@ -55,13 +71,15 @@ def collect_metadata(
                 _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
                 for f_arg, arg, grad_fn_before in zip(functional_args, fake_args, grad_fns_before)
             ]
-            output_info, bases = _output_info(outputs, functional_args, storages)
-            meta = ViewAndMutationMeta(
+            output_info, bases, view_replays, custom = _output_info(outputs, functional_args, storages)
+            meta = ContractMeta(
                 input_info=input_info,
                 output_info=output_info,
                 num_intermediate_bases=len(bases),
                 intermediate_base_requires_grad=[bool(b.requires_grad) for b in bases],
                 is_training=is_training,
+                view_replays=view_replays,
+                custom_function_aliases=custom,
             )
             graph_outputs = [
                 *(functional_args[i] for i in meta.mutated_input_indices),
@@ -120,15 +138,27 @@ def _grows_storage(layout: StridedLayout, arg: torch.Tensor) -> bool:
     return isinstance(nbytes, int) and (last + 1) * arg.element_size() > nbytes
 
 
-def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], list]:
-    """Classify each output; return the infos and the intermediate bases the graph must add."""
+def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], list, list, dict]:
+    """Classify each output; return the infos, the intermediate bases the graph must add, for
+    each aliased output how to replay its views, and the custom-Function aliases of inputs."""
     infos: list[OutputInfo] = []
     bases: list[torch.Tensor] = []
-    for out in outputs:
+    replays: list[Optional[ViewReplay]] = []
+    custom: dict[int, int] = {}
+    for position, out in enumerate(outputs):
+        replays.append(None)
         if not isinstance(out, torch.Tensor):
             infos.append(OutputInfo(kind=OutputKind.NOT_ALIAS, is_tensor=False))
             continue
         requires_grad = bool(out.requires_grad)
+        if _made_by_custom_function(out):
+            # Its gradient is the Function's backward, not a view's: a regular graph output.
+            input_index = storages.get(storage_ref(out))
+            if input_index is not None:
+                custom[position] = input_index
+                replays[-1] = record_view_replay(out, functional_args[input_index])
+            infos.append(OutputInfo(OutputKind.NOT_ALIAS, True, requires_grad))
+            continue
         input_index = next((i for i, a in enumerate(functional_args) if a is out), None)
         if input_index is not None:
             infos.append(
@@ -137,6 +167,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
             continue
         input_index = storages.get(storage_ref(out))
         if input_index is not None:
+            replays[-1] = record_view_replay(out, functional_args[input_index])
             infos.append(
                 OutputInfo(
                     OutputKind.ALIAS_OF_INPUT,
@@ -161,6 +192,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
                 bases.append(base)
                 base_index = len(bases) - 1
             base_is_user_output = False
+        replays[-1] = record_view_replay(out, base)
         infos.append(
             OutputInfo(
                 OutputKind.ALIAS_OF_INTERMEDIATE,
@@ -173,7 +205,16 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
                 multi_output_view=_is_multi_output_view(out),
             )
         )
-    return infos, bases
+    return infos, bases, replays, custom
+
+
+def _made_by_custom_function(tensor: torch.Tensor) -> bool:
+    """True for the output of a user's autograd.Function (Python or C++), whose backward is
+    the user's own code."""
+    grad_fn = tensor.grad_fn
+    return isinstance(grad_fn, torch.autograd.function.BackwardCFunction) or (
+        type(grad_fn).__name__ == "CppFunction"
+    )
 
 
 def _is_multi_output_view(tensor: torch.Tensor) -> bool:

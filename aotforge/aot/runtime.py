@@ -19,8 +19,11 @@ from .schemas import InputInfo, OutputKind, StridedLayout, ViewAndMutationMeta, 
 class Epilogue:
     """Turns the graph's outputs into the user's outputs, with eager's side effects."""
 
-    def __init__(self, meta: ViewAndMutationMeta, fake_args: Sequence):
+    def __init__(self, meta: ViewAndMutationMeta, fake_args: Sequence, *, custom_aliases_done: bool = False):
         self.meta = meta
+        # Outputs a custom autograd.Function returned as views of inputs: replayed here
+        # (inference), or already inside the training autograd.Function (custom_aliases_done).
+        self.custom_aliases = [] if custom_aliases_done else custom_alias_slots(meta)
         self.fake_args = list(fake_args)
         self.mutated = [(i, meta.input_info[i]) for i in meta.mutated_input_indices]
         self.metadata_mutated = [
@@ -30,7 +33,8 @@ class Epilogue:
         self.only_fresh_outputs = all(o.kind is OutputKind.NOT_ALIAS for o in meta.output_info)
         layouts = [info.layout_after for _, info in self.metadata_mutated]
         layouts += [o.layout for o in meta.output_info if o.layout is not None]
-        self.needs_bindings = any(not layout.is_static for layout in layouts)
+        self.replays = getattr(meta, "view_replays", None) or [None] * len(meta.output_info)
+        self.needs_bindings = needs_bindings(meta) or any(not layout.is_static for layout in layouts)
 
     def __call__(self, args: Sequence, graph_outputs: Sequence) -> list:
         bindings = symbol_bindings(self.fake_args, args) if self.needs_bindings else {}
@@ -44,6 +48,10 @@ class Epilogue:
                 # Under grad mode autograd records the in-place view, as it did for eager's t_().
                 args[index].as_strided_(*info.layout_after.evaluate(bindings))
         fresh = graph_outputs[num_mutated : num_mutated + self.num_fresh]
+        if self.custom_aliases:
+            fresh = list(fresh)
+            for slot, input_index, replay in self.custom_aliases:
+                fresh[slot] = replay.apply(args[input_index], bindings)
         if self.only_fresh_outputs:
             return list(fresh)
         bases = graph_outputs[num_mutated + self.num_fresh :]
@@ -56,20 +64,52 @@ class Epilogue:
             if info.kind is OutputKind.IS_INPUT:
                 outputs[position] = args[info.base_index]
             elif info.kind is OutputKind.ALIAS_OF_INPUT:
-                outputs[position] = _regenerate_view(args[info.base_index], info, bindings)
+                outputs[position] = self._regenerate(args[info.base_index], position, bindings)
             elif info.kind is OutputKind.ALIAS_OF_INTERMEDIATE:
                 base = outputs[info.base_index] if info.base_is_user_output else bases[info.base_index]
                 _check_base_layout(base, info.base_layout, bindings)
-                outputs[position] = _regenerate_view(base, info, bindings)
+                outputs[position] = self._regenerate(base, position, bindings)
         return outputs
+
+    def _regenerate(self, base: torch.Tensor, position: int, bindings: dict) -> torch.Tensor:
+        replay = self.replays[position]
+        if replay is None:  # metadata made without view records (export's)
+            return _regenerate_view(base, self.meta.output_info[position], bindings)
+        return replay.apply(base, bindings)
+
+
+def custom_alias_slots(meta) -> list:
+    """(position among the fresh outputs, input index, replay) per custom-Function alias."""
+    aliases = getattr(meta, "custom_function_aliases", None) or {}
+    fresh = meta.fresh_output_indices
+    return [(fresh.index(output), index, meta.view_replays[output]) for output, index in aliases.items()]
+
+
+def needs_bindings(meta) -> bool:
+    """Whether some view replay has sizes that depend on this call's input sizes."""
+    return any(
+        replay is not None and replay.steps is not None and not all(s.is_static for s in replay.steps)
+        for replay in getattr(meta, "view_replays", None) or ()
+    )
 
 
 def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
     """Copy an updated value into the input the user passed, as eager's mutation would."""
+    if _same_memory(original, updated):
+        return  # the graph kept the mutation (disable_functionalization): already written
     if info.mutations_hidden_from_autograd or info.mutations_under_no_grad:
         original.detach().copy_(updated)  # bumps the version, records no autograd history
     else:
         original.copy_(updated)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.stride() == b.stride()
+        and a.shape == b.shape
+        and a.data_ptr() != 0
+    )
 
 
 def _regenerate_view(base: torch.Tensor, info, bindings: dict) -> torch.Tensor:
@@ -104,7 +144,10 @@ def make_inference_runtime(compiled: Callable, meta: ViewAndMutationMeta, fake_a
     epilogue = Epilogue(meta, fake_args)
 
     def run(args: list) -> list:
-        graph_outputs = call_compiled(compiled, list(args))
+        # The graph's outputs carry no autograd history (eager computed them under no_grad,
+        # or nothing needed a gradient), even when the call runs in grad mode.
+        with torch.no_grad():
+            graph_outputs = call_compiled(compiled, list(args))
         return epilogue(args, graph_outputs)
 
     return run
@@ -126,8 +169,13 @@ def make_training_runtime(
 ) -> Callable:
     """``run(args) -> user outputs`` through a custom autograd.Function whose backward
     compiles the backward graph the first time it runs."""
-    epilogue = Epilogue(meta, fake_args)
+    epilogue = Epilogue(meta, fake_args, custom_aliases_done=True)
     num_outputs = meta.num_graph_outputs
+    # Outputs of custom autograd.Functions that alias inputs: returning the input's view from
+    # forward() makes autograd give it this Function's backward, like the user's Function did.
+    num_mutated = len(meta.mutated_input_indices)
+    custom_aliases = [(num_mutated + slot, index, replay) for slot, index, replay in custom_alias_slots(meta)]
+    custom_needs_bindings = needs_bindings(meta)
     differentiable = meta.graph_output_requires_grad()
     non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
     tangent_indices = [i for i, d in enumerate(differentiable) if d]
@@ -138,6 +186,10 @@ def make_training_runtime(
         def forward(ctx, *args):
             results = call_compiled(compiled_forward, list(args))
             outputs = results[:num_outputs]
+            if custom_aliases:
+                bindings = symbol_bindings(fake_args, args) if custom_needs_bindings else {}
+                for slot, index, replay in custom_aliases:
+                    outputs[slot] = replay.apply(args[index], bindings, patch_requires_grad=False)
             saved = results[num_outputs : num_outputs + num_saved_tensors]
             for position in clone_saved:
                 saved[position] = saved[position].clone()

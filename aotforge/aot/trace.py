@@ -11,6 +11,7 @@ inference graph keeps when the caller asked for ``keep_inference_input_mutations
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Sequence
 
 import torch
@@ -116,11 +117,30 @@ def _functionalized(fn: Callable, kept_mutations: Sequence[int], arity: int) -> 
     return forward if arity == 1 else joint
 
 
-def trace(fn: Callable, args: Sequence, *, decompositions: dict, fake_mode, kept_mutations=()) -> fx.GraphModule:
-    """make_fx over functionalization, on fake arguments."""
-    with fake_mode, enable_python_dispatcher(), FunctionalTensorMode(_allow_token_discovery=True):
+def _unfunctionalized(fn: Callable, arity: int) -> Callable:
+    """``fn`` with the (primals) / (primals, tangents) signature, traced as it is: in-place
+    ops stay in the graph (disable_functionalization)."""
+
+    def forward(primals):
+        return fn(primals)
+
+    def joint(primals, tangents):
+        return fn(primals, tangents)
+
+    return forward if arity == 1 else joint
+
+
+def trace(
+    fn: Callable, args: Sequence, *, decompositions: dict, fake_mode, kept_mutations=(), functionalize: bool = True
+) -> fx.GraphModule:
+    """make_fx over functionalization (unless ``functionalize`` is False), on fake arguments."""
+    functional_mode = (
+        FunctionalTensorMode(_allow_token_discovery=True) if functionalize else contextlib.nullcontext()
+    )
+    traced_fn = _functionalized(fn, kept_mutations, len(args)) if functionalize else _unfunctionalized(fn, len(args))
+    with fake_mode, enable_python_dispatcher(), functional_mode:
         gm = make_fx(
-            _functionalized(fn, kept_mutations, len(args)),
+            traced_fn,
             decomposition_table=decompositions,
             record_module_stack=True,
         )(*args)
@@ -136,7 +156,8 @@ def trace(fn: Callable, args: Sequence, *, decompositions: dict, fake_mode, kept
 
 
 def trace_forward(
-    graph_fn: Callable, fake_args: Sequence, meta: ViewAndMutationMeta, *, decompositions, fake_mode
+    graph_fn: Callable, fake_args: Sequence, meta: ViewAndMutationMeta, *, decompositions, fake_mode,
+    functionalize: bool = True,
 ) -> fx.GraphModule:
     kept = [i for i, info in enumerate(meta.input_info) if info.mutation_kept_in_graph]
 
@@ -144,7 +165,8 @@ def trace_forward(
         return graph_fn(*primals)
 
     return trace(
-        forward, [list(fake_args)], decompositions=decompositions, fake_mode=fake_mode, kept_mutations=kept
+        forward, [list(fake_args)], decompositions=decompositions, fake_mode=fake_mode, kept_mutations=kept,
+        functionalize=functionalize,
     )
 
 
@@ -156,10 +178,12 @@ def trace_joint(
     *,
     decompositions,
     fake_mode,
+    functionalize: bool = True,
 ) -> fx.GraphModule:
     return trace(
         joint_fn(graph_fn, meta),
         [list(fake_args), list(tangents)],
         decompositions=decompositions,
         fake_mode=fake_mode,
+        functionalize=functionalize,
     )
