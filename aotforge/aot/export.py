@@ -275,6 +275,7 @@ def aot_export_module(
         )
         if trace_joint:
             _check_gradients(gm, fake_args, descriptions)
+    gm = name_inputs_like_torch(gm)
     guard_constant_inputs(gm, fake_args, descriptions)
     if dynamic_shapes:
         guard_dynamic_shapes(gm, fake_args, descriptions, fake_mode.shape_env)
@@ -377,9 +378,9 @@ def aot_export_joint_simple(
                 decompositions=decompositions, fake_mode=fake_mode,
             )
         else:
-            gm = trace_forward(
+            gm = name_inputs_like_torch(trace_forward(
                 graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode
-            )
+            ))
     kind = "joint" if trace_joint else "inference"
     debug.graph_artifact("graphs", f"{getattr(func, '__name__', 'function')}_export_{kind}", gm)
     return _drop_stale_pytree_specs(gm)
@@ -399,6 +400,27 @@ def _fake_export_inputs(flat_args: list, num_state: int, dynamic: bool) -> tuple
         for index, arg in enumerate(flat_args)
     ]
     return fake_mode, fakes
+
+
+def name_inputs_like_torch(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rename the graph's inputs ``arg0_1, arg1_1, ...`` as PyTorch's export names them, so
+    that code written against PyTorch's graph signature finds the same names here.
+
+    Our tracer names inputs after its own calling convention (``primals_N``); the export's
+    graph and signature are built after the rename, so both use the new names."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    new_names = {node: f"arg{index}_1" for index, node in enumerate(placeholders)}
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:  # placeholders come first, so their names are free
+        if node in new_names:
+            env[node] = graph.placeholder(new_names[node], type_expr=node.type)
+            env[node].meta = dict(node.meta)
+            if env[node].name != new_names[node]:
+                raise AssertionError(f"could not name graph input {new_names[node]!r}")
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return fx.GraphModule(gm, graph)
 
 
 def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:
