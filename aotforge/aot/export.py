@@ -55,6 +55,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from .. import debug
 from .compile import fake_inputs
 from .export_guards import guard_constant_inputs, guard_dynamic_shapes
+from .export_pre_dispatch import trace_pre_dispatch
 from .input_analysis import alias_groups
 from .metadata import collect_metadata
 from .schemas import OutputKind, ViewAndMutationMeta
@@ -198,6 +199,11 @@ def aot_export_module(
     condition the trace relied on (see ``export_guards``). Non-tensor inputs are always
     specialized to their values, and asserted too.
 
+    With ``pre_dispatch=True`` (forward only) the graph is traced above autograd: composite
+    ops such as ``aten.linear`` stay whole, ``torch.no_grad()`` blocks become
+    ``_set_grad_enabled`` calls and ``torch.cond`` / ``map`` stay higher-order operators
+    (see ``export_pre_dispatch``); signature and restrictions are the same.
+
     Restrictions (each raises ``ExportError`` naming the input or output): no metadata
     mutation of inputs; in a joint, no data mutation of inputs that require grad; tensors
     assigned to the module in forward must be registered buffers (updated in place or
@@ -210,10 +216,11 @@ def aot_export_module(
             "aot_export_module: args must be a tuple of positional arguments, e.g. (x,); "
             f"got {type(args).__name__}"
         )
-    if pre_dispatch:
-        raise NotImplementedError(
-            "aot_export_module: pre_dispatch=True is not supported; aotforge exports graphs of "
-            "functional ATen ops below autograd. Pass pre_dispatch=False."
+    if pre_dispatch and trace_joint:
+        raise ExportError(
+            "aot_export_module: pre_dispatch=True exports the forward only (as PyTorch's does): "
+            "a joint graph's backward comes from autograd, which runs below the pre-dispatch "
+            "level. Pass trace_joint=False, or pre_dispatch=False for a joint graph."
         )
     if trace_joint and output_loss_index is None:
         raise ExportError(
@@ -249,7 +256,12 @@ def aot_export_module(
         return flat_outputs
 
     fake_mode, fake_args = _fake_export_inputs(flat_args, num_state, dynamic_shapes)
+    # An inference export traces under no_grad, so that nothing is recorded for autograd.
+    # Pre-dispatch keeps the caller's grad mode instead, so that the graph records where
+    # the forward switches it (torch.no_grad() blocks), as PyTorch's does.
     grad_context = torch.enable_grad() if trace_joint else torch.no_grad()
+    if pre_dispatch:
+        grad_context = contextlib.nullcontext()
     with grad_context, watch.restoring(), _data_dependence_is_an_export_error("aot_export_module"):
         with fake_mode:
             meta, _ = collect_metadata(
@@ -267,12 +279,17 @@ def aot_export_module(
                 meta, output_shapes, output_descriptions, output_loss_index
             )
             graph_fn = _loss_joint_fn(graph_fn, len(meta.mutated_input_indices) + output_loss_index)
-        gm = trace(
-            lambda primals: graph_fn(*primals),
-            [list(fake_args)],
-            decompositions=dict(decompositions or {}),
-            fake_mode=fake_mode,
-        )
+        if pre_dispatch:
+            gm = trace_pre_dispatch(
+                graph_fn, fake_args, decompositions=dict(decompositions or {}), fake_mode=fake_mode
+            )
+        else:
+            gm = trace(
+                lambda primals: graph_fn(*primals),
+                [list(fake_args)],
+                decompositions=dict(decompositions or {}),
+                fake_mode=fake_mode,
+            )
         if trace_joint:
             _check_gradients(gm, fake_args, descriptions)
     gm = name_inputs_like_torch(gm)
