@@ -50,7 +50,7 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensorMode,
 )
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
 from .. import debug
 from .compile import fake_inputs
@@ -263,7 +263,7 @@ def aot_export_module(
     if pre_dispatch:
         grad_context = contextlib.nullcontext()
     with grad_context, watch.restoring(), _data_dependence_is_an_export_error("aot_export_module"):
-        with fake_mode:
+        with fake_mode, _unbacked_symbols_of_this_run_are_not_graph_values(fake_mode):
             meta, _ = collect_metadata(
                 flat_fn, fake_args, is_training=trace_joint, keep_inference_input_mutations=False
             )
@@ -449,6 +449,16 @@ def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def _unbacked_symbols_of_this_run_are_not_graph_values(fake_mode):
+    """Metadata collection runs the forward once outside the trace; every ``.item()`` in it
+    makes a fresh unbacked size symbol that no graph node will define. The trace that follows
+    makes its own, so the shape environment must not wait for these ones."""
+    shape_env = fake_mode.shape_env
+    if shape_env is None:
+        return contextlib.nullcontext()
+    return shape_env.ignore_fresh_unbacked_symbols()
+
+
 @contextlib.contextmanager
 def _data_dependence_is_an_export_error(api: str):
     """Tracing runs on fake tensors, which have shapes but no values: turn fake tensor's terse
@@ -461,7 +471,20 @@ def _data_dependence_is_an_export_error(api: str):
             "a Python `if` or `while` on a tensor, or an op whose output shape depends on the "
             "data (nonzero, masked_select, unique) do. Export traces with shapes only: use "
             "tensor ops instead (torch.where, masking by multiplication), or pass the value "
-            "as a Python number argument. The traceback of the cause shows the line."
+            "as a Python number argument. Where the value is a size (x[:n.item()], "
+            "torch.zeros(n.item())), aot_export_module can keep it symbolic: export with "
+            "dynamic_shapes=True. The traceback of the cause shows the line."
+        ) from error
+    except GuardOnDataDependentSymNode as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise ExportError(
+            f"{api}: the forward decides something from a value it read from a tensor "
+            f"(.item() or a data-dependent size): {first_line}. The export knows nothing of "
+            "that value, so it cannot pick a side of a Python `if`, `min` or size comparison. "
+            "Tell it what holds with torch._check (e.g. torch._check(n >= 0), "
+            "torch._check(n <= x.shape[0])): the graph then asserts it at run time; or branch "
+            "with torch.cond, or use tensor ops (torch.where). The traceback of the cause "
+            "shows the line."
         ) from error
 
 
