@@ -59,8 +59,14 @@ PYTHON_FUNCTIONS: dict[str, Callable] = {
     "math.ceil": math.ceil,
     "math.floor": math.floor,
     "math.trunc": math.trunc,
-    # Pre-dispatch graphs keep grad-mode switches (torch.no_grad() regions) as calls.
+    # Pre-dispatch graphs keep grad-mode switches (torch.no_grad() blocks) and autocast
+    # regions as calls.
     "torch._C._set_grad_enabled": torch._C._set_grad_enabled,
+    **{
+        f"torch.amp.autocast_mode.{name}": getattr(torch.amp.autocast_mode, name)
+        for name in ("_enter_autocast", "_exit_autocast")
+        if hasattr(torch.amp.autocast_mode, name)
+    },
 }
 _NAME_OF_FUNCTION = {function: name for name, function in PYTHON_FUNCTIONS.items()}
 

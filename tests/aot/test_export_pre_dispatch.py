@@ -128,6 +128,34 @@ def test_buffer_reassigned_in_forward_is_updated_as_eager():
     assert_matches_eager(gm, sig, mod, (f64(4, 5),))
 
 
+def test_autocast_regions_are_kept_and_saved(tmp_path):
+    """An autocast block stays a region of the graph (as in PyTorch's pre-dispatch export),
+    and the saved graph holds it."""
+    from torch._functorch.aot_autograd import aot_export_module as torch_export
+
+    class Autocast(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 3)
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                hidden = self.proj(x)
+            return (hidden.float().square().sum(),)
+
+    torch.manual_seed(0)
+    mod, x = Autocast(), torch.randn(5, 4)
+    gm, sig = aot_export_module(mod, (x,), trace_joint=False, pre_dispatch=True)
+    assert gm.code == torch_export(mod, (x,), trace_joint=False, pre_dispatch=True)[0].code
+    save_exported(tmp_path / "autocast.pt", gm, sig)
+    loaded, loaded_sig = load_exported(tmp_path / "autocast.pt")
+    with torch.no_grad():
+        (want,) = mod(x)
+    for graph, signature in ((gm, sig), (loaded, loaded_sig)):
+        (got,), _ = run_exported(graph, signature, mod, x)
+        torch.testing.assert_close(got, want)  # bfloat16 rounding, exactly as eager's
+
+
 def targets(gm) -> set:
     return {n.target for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
             for n in module.graph.nodes if n.op == "call_function"}
