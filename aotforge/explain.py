@@ -21,6 +21,7 @@ Models whose constructor takes arguments get them as JSON::
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -136,7 +137,7 @@ def load_model(spec: str, init_kwargs: Optional[dict] = None) -> nn.Module:
 
 
 def _graph_text(gm: fx.GraphModule, title: str) -> str:
-    """The graph's code with shapes and dtypes (``t: "f32[16, 8]" = aten.t(primals_1)``),
+    """The graph's code with shapes and dtypes (``t: "f32[16, 8]" = aten.t(arg0_1)``),
     without print_readable's class wrapper and empty stack-trace comments."""
     code = gm.print_readable(print_output=False, include_stride=False, include_device=False)
     lines = [
@@ -215,8 +216,15 @@ def _partition(
     gm: fx.GraphModule, signature: GraphSignature
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Split the export joint into forward and backward. It has no tangent inputs (the loss
-    gradient is a constant one), so the backward takes only what the forward saves."""
-    return default_partition(gm, None, num_fwd_outputs=_num_forward_outputs(signature))
+    gradient is a constant one), so the backward takes only what the forward saves.
+
+    The partitioner finds primal inputs by their ``primals_N`` targets; the export names its
+    inputs ``argN_1`` as PyTorch does, so a copy marks them as primals (keeping their names,
+    which the forward graph's inputs then carry)."""
+    marked = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    for index, node in enumerate(marked.graph.find_nodes(op="placeholder")):
+        node.target = f"primals_{index + 1}"
+    return default_partition(marked, None, num_fwd_outputs=_num_forward_outputs(signature))
 
 
 def _init_kwargs(text: Optional[str]) -> dict:

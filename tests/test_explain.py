@@ -37,7 +37,7 @@ def test_joint_explain_prints_signature_and_three_graphs(capsys):
         "==== forward graph (default partition) ====",
         "saved for the backward (13 values, 1.5 KiB): ",
         "==== backward graph (default partition) ====",
-        'def forward(self, primals_1: "f32[8, 16]"',
+        'def forward(self, arg0_1: "f32[8, 16]"',
     ):
         assert line in out, line
     assert "class " not in out and "No stacktrace" not in out
@@ -65,7 +65,7 @@ def test_dynamic_explain_shows_symbolic_sizes_and_checks(capsys):
     )
     assert code == 0
     assert "user input args[0] size 1 must be 16" in out
-    assert 'primals_10: "f32[s' in out  # the batch size is a symbol
+    assert 'arg9_1: "f32[s' in out  # the batch size is a symbol
 
 
 def test_partition_of_an_export_joint_matches_eager():

@@ -50,11 +50,12 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensorMode,
 )
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
 from .. import debug
 from .compile import fake_inputs
 from .export_guards import guard_constant_inputs, guard_dynamic_shapes
+from .export_pre_dispatch import trace_pre_dispatch
 from .input_analysis import alias_groups
 from .metadata import collect_metadata
 from .schemas import OutputKind, ViewAndMutationMeta
@@ -198,6 +199,11 @@ def aot_export_module(
     condition the trace relied on (see ``export_guards``). Non-tensor inputs are always
     specialized to their values, and asserted too.
 
+    With ``pre_dispatch=True`` (forward only) the graph is traced above autograd: composite
+    ops such as ``aten.linear`` stay whole, ``torch.no_grad()`` blocks become
+    ``_set_grad_enabled`` calls and ``torch.cond`` / ``map`` stay higher-order operators
+    (see ``export_pre_dispatch``); signature and restrictions are the same.
+
     Restrictions (each raises ``ExportError`` naming the input or output): no metadata
     mutation of inputs; in a joint, no data mutation of inputs that require grad; tensors
     assigned to the module in forward must be registered buffers (updated in place or
@@ -210,10 +216,11 @@ def aot_export_module(
             "aot_export_module: args must be a tuple of positional arguments, e.g. (x,); "
             f"got {type(args).__name__}"
         )
-    if pre_dispatch:
-        raise NotImplementedError(
-            "aot_export_module: pre_dispatch=True is not supported; aotforge exports graphs of "
-            "functional ATen ops below autograd. Pass pre_dispatch=False."
+    if pre_dispatch and trace_joint:
+        raise ExportError(
+            "aot_export_module: pre_dispatch=True exports the forward only (as PyTorch's does): "
+            "a joint graph's backward comes from autograd, which runs below the pre-dispatch "
+            "level. Pass trace_joint=False, or pre_dispatch=False for a joint graph."
         )
     if trace_joint and output_loss_index is None:
         raise ExportError(
@@ -249,9 +256,14 @@ def aot_export_module(
         return flat_outputs
 
     fake_mode, fake_args = _fake_export_inputs(flat_args, num_state, dynamic_shapes)
+    # An inference export traces under no_grad, so that nothing is recorded for autograd.
+    # Pre-dispatch keeps the caller's grad mode instead, so that the graph records where
+    # the forward switches it (torch.no_grad() blocks), as PyTorch's does.
     grad_context = torch.enable_grad() if trace_joint else torch.no_grad()
+    if pre_dispatch:
+        grad_context = contextlib.nullcontext()
     with grad_context, watch.restoring(), _data_dependence_is_an_export_error("aot_export_module"):
-        with fake_mode:
+        with fake_mode, _unbacked_symbols_of_this_run_are_not_graph_values(fake_mode):
             meta, _ = collect_metadata(
                 flat_fn, fake_args, is_training=trace_joint, keep_inference_input_mutations=False
             )
@@ -267,14 +279,20 @@ def aot_export_module(
                 meta, output_shapes, output_descriptions, output_loss_index
             )
             graph_fn = _loss_joint_fn(graph_fn, len(meta.mutated_input_indices) + output_loss_index)
-        gm = trace(
-            lambda primals: graph_fn(*primals),
-            [list(fake_args)],
-            decompositions=dict(decompositions or {}),
-            fake_mode=fake_mode,
-        )
+        if pre_dispatch:
+            gm = trace_pre_dispatch(
+                graph_fn, fake_args, decompositions=dict(decompositions or {}), fake_mode=fake_mode
+            )
+        else:
+            gm = trace(
+                lambda primals: graph_fn(*primals),
+                [list(fake_args)],
+                decompositions=dict(decompositions or {}),
+                fake_mode=fake_mode,
+            )
         if trace_joint:
             _check_gradients(gm, fake_args, descriptions)
+    gm = name_inputs_like_torch(gm)
     guard_constant_inputs(gm, fake_args, descriptions)
     if dynamic_shapes:
         guard_dynamic_shapes(gm, fake_args, descriptions, fake_mode.shape_env)
@@ -377,9 +395,9 @@ def aot_export_joint_simple(
                 decompositions=decompositions, fake_mode=fake_mode,
             )
         else:
-            gm = trace_forward(
+            gm = name_inputs_like_torch(trace_forward(
                 graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode
-            )
+            ))
     kind = "joint" if trace_joint else "inference"
     debug.graph_artifact("graphs", f"{getattr(func, '__name__', 'function')}_export_{kind}", gm)
     return _drop_stale_pytree_specs(gm)
@@ -401,6 +419,27 @@ def _fake_export_inputs(flat_args: list, num_state: int, dynamic: bool) -> tuple
     return fake_mode, fakes
 
 
+def name_inputs_like_torch(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rename the graph's inputs ``arg0_1, arg1_1, ...`` as PyTorch's export names them, so
+    that code written against PyTorch's graph signature finds the same names here.
+
+    Our tracer names inputs after its own calling convention (``primals_N``); the export's
+    graph and signature are built after the rename, so both use the new names."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    new_names = {node: f"arg{index}_1" for index, node in enumerate(placeholders)}
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:  # placeholders come first, so their names are free
+        if node in new_names:
+            env[node] = graph.placeholder(new_names[node], type_expr=node.type)
+            env[node].meta = dict(node.meta)
+            if env[node].name != new_names[node]:
+                raise AssertionError(f"could not name graph input {new_names[node]!r}")
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return fx.GraphModule(gm, graph)
+
+
 def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:
     """make_fx leaves the pytree specs of its traced function on the module although the
     graph now takes and returns flat values; pickling them makes torch.load warn."""
@@ -408,6 +447,16 @@ def _drop_stale_pytree_specs(gm: fx.GraphModule) -> fx.GraphModule:
         if isinstance(gm.__dict__.get(name), pytree.TreeSpec):
             gm.__dict__[name] = None
     return gm
+
+
+def _unbacked_symbols_of_this_run_are_not_graph_values(fake_mode):
+    """Metadata collection runs the forward once outside the trace; every ``.item()`` in it
+    makes a fresh unbacked size symbol that no graph node will define. The trace that follows
+    makes its own, so the shape environment must not wait for these ones."""
+    shape_env = fake_mode.shape_env
+    if shape_env is None:
+        return contextlib.nullcontext()
+    return shape_env.ignore_fresh_unbacked_symbols()
 
 
 @contextlib.contextmanager
@@ -422,7 +471,20 @@ def _data_dependence_is_an_export_error(api: str):
             "a Python `if` or `while` on a tensor, or an op whose output shape depends on the "
             "data (nonzero, masked_select, unique) do. Export traces with shapes only: use "
             "tensor ops instead (torch.where, masking by multiplication), or pass the value "
-            "as a Python number argument. The traceback of the cause shows the line."
+            "as a Python number argument. Where the value is a size (x[:n.item()], "
+            "torch.zeros(n.item())), aot_export_module can keep it symbolic: export with "
+            "dynamic_shapes=True. The traceback of the cause shows the line."
+        ) from error
+    except GuardOnDataDependentSymNode as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise ExportError(
+            f"{api}: the forward decides something from a value it read from a tensor "
+            f"(.item() or a data-dependent size): {first_line}. The export knows nothing of "
+            "that value, so it cannot pick a side of a Python `if`, `min` or size comparison. "
+            "Tell it what holds with torch._check (e.g. torch._check(n >= 0), "
+            "torch._check(n <= x.shape[0])): the graph then asserts it at run time; or branch "
+            "with torch.cond, or use tensor ops (torch.where). The traceback of the cause "
+            "shows the line."
         ) from error
 
 

@@ -10,7 +10,8 @@ assumptions fails with a message instead of broadcasting or reshaping into a wro
       _assert = torch._assert(eq, "this graph was exported with user input args[1] == 2; ...")
 
 * with dynamic shapes, the sizes the trace had to fix or relate (a feature size a weight
-  fixes to 16, two batch sizes that must be equal, a size that must exceed 1)::
+  fixes to 16, two batch sizes that must be equal, a size that must exceed 1), and what
+  the forward checked about values it read with ``.item()`` to use as sizes::
 
       sym_size_int = torch.ops.aten.sym_size.int(primals_10, 1)
       eq_1 = sym_size_int == 16
@@ -125,8 +126,55 @@ def guard_dynamic_shapes(
             f"the exported graph assumes {expr} about its input sizes "
             f"({_symbol_legend(expr, legend)}); export again for inputs of this shape.",
         )
+    _guard_values_read_from_tensors(gm, shape_env, symbols, legend)
     gm.recompile()
     return gm
+
+
+def _guard_values_read_from_tensors(
+    gm: fx.GraphModule, shape_env, symbols: dict, legend: dict
+) -> None:
+    """Assert what the forward checked about values it read from tensors (``.item()`` used as
+    a size: ``torch._check(n <= x.shape[0])``, ``n >= 0``), right after the value is read.
+
+    Such a value is an unbacked symbol (``u0``): the trace knows nothing of it but what
+    ``torch._check`` told it, so eager's checks must stay in the graph::
+
+        _local_scalar_dense = torch.ops.aten._local_scalar_dense.default(arg2_1)
+        le = _local_scalar_dense <= sym_size_int
+        _assert_2 = torch._assert(le, "the forward checks u0 <= s0 ...")
+    """
+    defined_by: dict[sympy.Symbol, fx.Node] = {}
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.SymInt) and isinstance(value.node.expr, sympy.Symbol):
+            symbol = value.node.expr
+            if symbol not in symbols and symbol not in defined_by:
+                defined_by[symbol] = node
+                legend[symbol] = f"the value read from a tensor at node {node.name}"
+    if not defined_by:
+        return
+    order = {node: index for index, node in enumerate(gm.graph.nodes)}
+    known = {**symbols, **defined_by}
+    emitters: dict[fx.Node, _Emitter] = {}  # one per reading node: checks stay in order
+    for runtime_asserts in shape_env.deferred_runtime_asserts.values():
+        for runtime_assert in runtime_asserts:
+            expr = shape_env.replace(runtime_assert.expr)
+            if expr == sympy.true or not expr.free_symbols <= known.keys():
+                continue  # about values of another run (metadata collection), not this graph's
+            unbacked = [defined_by[s] for s in expr.free_symbols if s in defined_by]
+            if not unbacked:
+                continue
+            reader = max(unbacked, key=order.__getitem__)
+            if reader not in emitters:
+                emitters[reader] = _Emitter(gm.graph)
+                emitters[reader].cursor = reader
+            emit = emitters[reader]
+            emit.check(
+                _compute(expr, known, emit),
+                f"the forward checks {expr} ({_symbol_legend(expr, legend)}), as eager's "
+                "torch._check or a size's own check would.",
+            )
 
 
 def _compute(expr: sympy.Basic, symbols: dict, emit: _Emitter):

@@ -96,3 +96,91 @@ def test_shape_branches_and_reshapes_are_guarded():
         gm(f64(3, 4))  # takes the other branch
     with pytest.raises(AssertionError, match="about its input sizes"):
         gm(f64(7, 3))  # 21 elements are not rows of 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Values read from tensors (.item()) used as sizes: unbacked sizes under dynamic_shapes=True
+
+
+class TakeFirst(nn.Module):
+    """Uses a count read from a tensor as a size: slicing, a new tensor's size, arithmetic on
+    it, and an output whose size is the count."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, dtype=torch.float64))
+
+    def forward(self, x, count):
+        n = count.item()
+        torch._check(n >= 0)
+        torch._check(n <= x.shape[0])
+        head = x[:n] * self.weight
+        padded = torch.cat([head, torch.zeros(x.shape[0] - n, 4, dtype=x.dtype)])
+        return (padded * padded).sum(), torch.ones(n, dtype=x.dtype) * head.detach().sum()
+
+
+COUNTS = [(6, 3), (9, 0), (5, 5), (2, 1)]  # (rows, count): other sizes and counts than traced
+
+
+@pytest.mark.parametrize("trace_joint", [True, False], ids=["joint", "inference"])
+def test_item_used_as_a_size_runs_for_other_values(tmp_path, trace_joint):
+    torch.manual_seed(0)
+    mod = TakeFirst()
+    gm, sig = aot_export_module(
+        mod, (f64(6, 4), torch.tensor(3)), trace_joint=trace_joint,
+        output_loss_index=0 if trace_joint else None, dynamic_shapes=True,
+    )
+    assert torch.ops.aten._local_scalar_dense.default in {n.target for n in gm.graph.nodes}
+    save_exported(tmp_path / "unbacked.pt", gm, sig)
+    loaded = load_exported(tmp_path / "unbacked.pt")
+    for rows, count in COUNTS:
+        x, n = f64(rows, 4), torch.tensor(count)
+        eager = copy.deepcopy(mod)
+        want_loss, want_ones = eager(x, n)
+        if trace_joint:
+            want_loss.backward()
+        for graph, signature in ((gm, sig), loaded):
+            (loss, ones), gradients = run_exported(graph, signature, mod, x, n)
+            torch.testing.assert_close(loss, want_loss.detach())
+            torch.testing.assert_close(ones, want_ones)
+            assert ones.shape == (count,)
+            if trace_joint:
+                torch.testing.assert_close(gradients["weight"], eager.weight.grad)
+
+
+def test_what_the_forward_checked_about_the_value_is_asserted():
+    mod = TakeFirst()
+    gm, sig = aot_export_module(mod, (f64(6, 4), torch.tensor(3)), trace_joint=False, dynamic_shapes=True)
+    with pytest.raises(RuntimeError):  # eager's torch._check
+        mod(f64(4, 4), torch.tensor(5))
+    with pytest.raises(AssertionError, match=r"the forward checks u\d+ <= s\d+ \(.*user input args\[0\] size 0"):
+        run_exported(gm, sig, mod, f64(4, 4), torch.tensor(5))
+    with pytest.raises(AssertionError, match=r"the forward checks 0 <= u\d+"):
+        run_exported(gm, sig, mod, f64(4, 4), torch.tensor(-1))
+
+
+def test_data_dependent_output_shapes_under_dynamic_shapes():
+    class Positive(nn.Module):
+        def forward(self, x):
+            return x[x > 0] * 2, x.nonzero()
+
+    gm, sig = aot_export_module(Positive(), (f64(7),), trace_joint=False, dynamic_shapes=True)
+    for x in (f64(7), f64(12), -f64(5).abs()):
+        got, _ = run_exported(gm, sig, Positive(), x)
+        for g, w in zip(got, Positive()(x)):
+            torch.testing.assert_close(g, w)
+
+
+def test_values_read_from_tensors_need_dynamic_shapes_and_torch_check():
+    from aotforge.aot.export import ExportError
+
+    args = (f64(6, 4), torch.tensor(3))
+    with pytest.raises(ExportError, match="export with dynamic_shapes=True"):
+        aot_export_module(TakeFirst(), args, trace_joint=False)
+
+    class Branch(nn.Module):
+        def forward(self, x, count):
+            return x[: count.item()] if count.item() > 2 else x * 2
+
+    with pytest.raises(ExportError, match=r"decides something from a value it read .*u\d+ > 2.*torch._check"):
+        aot_export_module(Branch(), args, trace_joint=False, dynamic_shapes=True)
