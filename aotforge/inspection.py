@@ -50,10 +50,10 @@ def _describe_value(value: Any) -> str:
 
 def _nbytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
-        try:
-            return int(value.numel()) * value.element_size()
-        except Exception:  # symbolic sizes
-            return 0
+        from torch.fx.experimental.symbolic_shapes import hint_int
+
+        # a hint, never int(): converting a symbolic size adds a guard (and a recompile)
+        return hint_int(value.numel(), fallback=0) * value.element_size()
     return 0
 
 
