@@ -65,8 +65,24 @@ def _child(args: argparse.Namespace) -> dict:
     if args.backend == "aotforge":
         from aotforge.compiler import observe
 
+        profiler = None
+        if args.profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         with observe() as graphs:
             out = step()
+        if profiler is not None:
+            import io
+            import pstats
+
+            profiler.disable()
+            text = io.StringIO()
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats("cumulative").print_stats(60)
+            stats.sort_stats("tottime").print_stats(40)
+            Path(args.result + ".profile.txt").write_text(text.getvalue())
     else:
         with torch.no_grad() if not train else torch.enable_grad():
             out = step()
@@ -131,7 +147,8 @@ def _run(workload: str, mode: str, backend: str, args: argparse.Namespace, scrat
     output = scratch / f"{workload}-{mode}-{backend}.json"
     command = [sys.executable, __file__, "--child", "--workload", workload, "--mode", mode, "--backend", backend,
                "--values", str(values), "--result", str(output), "--warmup", str(args.warmup),
-               "--repeat", str(args.repeat)] + (["--quick"] if args.quick else [])
+               "--repeat", str(args.repeat)] + (["--quick"] if args.quick else []) \
+        + (["--profile"] if args.profile and backend == "aotforge" else [])
     row = dict(workload=workload, mode=mode, backend=backend)
     try:
         done = subprocess.run(command, env=env, timeout=args.timeout, capture_output=True, text=True)
@@ -140,6 +157,10 @@ def _run(workload: str, mode: str, backend: str, args: argparse.Namespace, scrat
     if done.returncode != 0 or not output.exists():
         return dict(row, status="FAILED", error=(done.stderr or done.stdout)[-1500:])
     row.update(json.loads(output.read_text()), status="OK", values=str(values))
+    profile = Path(str(output) + ".profile.txt")
+    if profile.exists() and args.json:
+        target = Path(args.json).parent / f"profile-{workload}-{mode}.txt"
+        target.write_text(profile.read_text())
     return row
 
 
@@ -153,6 +174,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default="")
+    # cProfile of aotforge's first step (slows it): <json dir>/profile-<workload>-<mode>.txt
+    parser.add_argument("--profile", action="store_true")
     # internal: one measurement in this process
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--workload")
