@@ -57,6 +57,11 @@ class Config:
         """Set fields, in this thread only, for the duration of a ``with`` block."""
         return _patch(self, changes)
 
+    def current_patches(self) -> dict[str, Any]:
+        """This thread's patched fields: what work done later in another thread on this
+        thread's behalf (the backward compile, in autograd's device thread) must patch too."""
+        return dict(getattr(_local, "overlay", None) or {})
+
     def to_dict(self) -> dict[str, Any]:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 

@@ -83,11 +83,11 @@ class CompileScope:
         self.name = name
         self.compile_id = compile_id or str(self.index)
         self.artifacts: list[tuple[str, str, Any]] = []  # (topic, name, text or GraphModule)
-        self._folder: Optional[str] = None
+        self._folders: dict[str, str] = {}  # per dump dir: AOTFORGE_DUMP_DIR may change meanwhile
         self._file_counter = itertools.count()
 
     def folder(self, base: str) -> str:
-        if self._folder is None:
+        if base not in self._folders:
             process = os.path.join(base, str(os.getpid()))
             os.makedirs(process, exist_ok=True)
             for attempt in itertools.count():
@@ -99,8 +99,8 @@ class CompileScope:
                     break
                 except FileExistsError:
                     continue
-            self._folder = path
-        return self._folder
+            self._folders[base] = path
+        return self._folders[base]
 
     def write(self, name: str, text: str, suffix: str) -> str:
         base = dump_dir()

@@ -50,10 +50,11 @@ def _describe_value(value: Any) -> str:
 
 def _nbytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
-        from torch.fx.experimental.symbolic_shapes import hint_int
-
-        # a hint, never int(): converting a symbolic size adds a guard (and a recompile)
-        return hint_int(value.numel(), fallback=0) * value.element_size()
+        count = value.numel()
+        if isinstance(count, torch.SymInt):
+            # its hint, never int(): converting a symbolic size adds a guard (and a recompile)
+            count = getattr(count.node, "hint", None) or 0
+        return int(count) * value.element_size()
     return 0
 
 
@@ -437,10 +438,15 @@ def _recording(entry: Callable) -> Callable:
         del arguments["fn"]
         recorder = Recorder(_name_of(first))
         arguments["fw_compiler"] = recorder.wrap_compiler(forward, "forward")
-        arguments["bw_compiler"] = recorder.wrap_compiler(arguments.get("bw_compiler") or forward, "backward")
-        arguments["inference_compiler"] = recorder.wrap_compiler(
-            arguments.get("inference_compiler") or forward, "inference")
-        arguments["partition_fn"] = recorder.wrap_partition(arguments.get("partition_fn") or default_partition)
+        # what is not callable stays as given, for the AOT layer's clear error at creation
+        backward, inference = arguments.get("bw_compiler") or forward, arguments.get("inference_compiler") or forward
+        partition = arguments.get("partition_fn") or default_partition
+        if callable(backward):
+            arguments["bw_compiler"] = recorder.wrap_compiler(backward, "backward")
+        if callable(inference):
+            arguments["inference_compiler"] = recorder.wrap_compiler(inference, "inference")
+        if callable(partition):
+            arguments["partition_fn"] = recorder.wrap_partition(partition)
         result = entry(first, **arguments)
         attach(result, recorder)
         return result

@@ -79,3 +79,29 @@ def test_triton_on_cpu_from_the_environment_fails_at_import():
     result = subprocess.run([sys.executable, "-c", "import aotforge"], env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert "TRITON_INTERPRET=1" in result.stderr
+
+
+def test_backward_compiled_in_another_thread_sees_the_forward_patch():
+    # autograd runs a CUDA backward in its device thread; the lazily compiled backward graph
+    # must still see the patch that was active when the forward compiled
+    import threading
+
+    import torch
+
+    import aotforge
+
+    seen = {}
+
+    def backward_compiler(gm, example_inputs):
+        seen["budget"] = aotforge.config.activation_memory_budget
+        return gm
+
+    fn = aotforge.aot_function(lambda x: x.sin() * 2, aotforge.nop, backward_compiler)
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    with aotforge.config.patch(activation_memory_budget=0.25):
+        out = fn(x)
+    thread = threading.Thread(target=lambda: out.sum().backward())
+    thread.start()
+    thread.join()
+    assert seen["budget"] == 0.25
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())

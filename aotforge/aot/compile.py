@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
+from ..config import config as global_config
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
@@ -142,7 +143,7 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     return make_training_runtime(
         compiled_forward,
         backward,
-        config.bw_compiler,
+        _under_current_patches(config.bw_compiler),
         meta,
         fake_args,
         num_saved_tensors,
@@ -187,3 +188,17 @@ def _placeholder_values(gm: fx.GraphModule) -> list:
 def _output_values(gm: fx.GraphModule) -> list:
     (output,) = gm.graph.find_nodes(op="output")
     return [n.meta.get("val") if isinstance(n, fx.Node) else n for n in output.args[0]]
+
+
+def _under_current_patches(compiler: Callable) -> Callable:
+    """``compiler`` under the ``aotforge.config.patch`` active now: the backward graph
+    compiles at the first backward call, which autograd may run in another thread (its CUDA
+    device thread), where this thread's patches are not visible."""
+    patches = global_config.current_patches()
+    if not patches:
+        return compiler
+
+    def compile_patched(*args, **kwargs):
+        with global_config.patch(**patches):
+            return compiler(*args, **kwargs)
+    return compile_patched

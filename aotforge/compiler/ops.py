@@ -59,16 +59,12 @@ class ReadRecorder:
     def op_count(self) -> int:
         return sum(1 for key in self.values if key[0] not in self.FREE and key[0] != "load")
 
-    @property
-    def distinct_reads(self) -> int:
-        return len({(name, str(index)) for name, index in self.reads})
-
     def _value(self, key: Any) -> int:
         return self.values.setdefault(key, len(self.values))
 
     def load(self, name: str, index: Any) -> int:
         self.reads.append((name, index))
-        return self._value(("load", name, str(index)))
+        return self._value(("load", name, index))
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> Any:
         import sympy
@@ -77,12 +73,22 @@ class ReadRecorder:
         return sympy.Symbol(f"indirect{value}", integer=True)
 
     def masked(self, mask: Any, body: Any, other: Any) -> int:
-        return self._value(("masked", mask, body(), str(other)))
+        return self._value(("masked", mask, body(), _key(other)))
 
     def __getattr__(self, name: str) -> Any:
         def op(*args: Any, **kwargs: Any) -> int:
-            return self._value((name,) + tuple(str(a) if not isinstance(a, int) else a for a in args))
+            return self._value((name,) + tuple(_key(a) for a in args))
         return op
+
+
+def _key(value: Any) -> Any:
+    """``value`` as part of a dict key: itself when hashable (sympy expressions hash without
+    being printed; printing them was a large part of compile time), else its text."""
+    try:
+        hash(value)
+    except TypeError:
+        return str(value)
+    return value
 
 
 class BodyPrinter:

@@ -39,22 +39,30 @@ from .schedule import analyze_reads, fuse, plan_memory
 _local = threading.local()
 
 
+# every open observe() block's list; process-wide, because the backward graph compiles at the
+# first backward call, in autograd's device thread
+_observers: list[list[CompiledGraph]] = []
+_observers_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def observe() -> Iterator[list[CompiledGraph]]:
-    """Collect the ``CompiledGraph`` of every graph compiled in this thread inside the block
+    """Collect the ``CompiledGraph`` of every graph compiled (in any thread) inside the block
     (tests and tools: ``with observe() as graphs: model(x); print(graphs[-1])``)."""
-    stack = _local.__dict__.setdefault("observers", [])
     graphs: list[CompiledGraph] = []
-    stack.append(graphs)
+    with _observers_lock:
+        _observers.append(graphs)
     try:
         yield graphs
     finally:
-        stack.remove(graphs)
+        with _observers_lock:
+            _observers.remove(graphs)
 
 
 def _announce(compiled: CompiledGraph) -> None:
-    for graphs in getattr(_local, "observers", []):
-        graphs.append(compiled)
+    with _observers_lock:
+        for graphs in _observers:
+            graphs.append(compiled)
 
 
 class _Stopwatch:
@@ -203,8 +211,6 @@ def _is_functional(gm: fx.GraphModule) -> bool:
 
 # --- the torch.compile backend -------------------------------------------------------------
 
-# --- the torch.compile backend -------------------------------------------------------------
-
 def _take_aot_timings(kind: str) -> dict[str, float]:
     """The AOT stages' seconds (trace, partition) for the first graph compiled after them."""
     aot = getattr(_local, "aot_timings", None)
@@ -247,6 +253,7 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
                inner_compile: Callable = compile_fx_inner, config_patches: Optional[dict] = None,
                decompositions: Optional[dict] = None) -> Callable:
     """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend."""
+    compile_pool.start_if_useful()  # workers boot while the graph is traced and partitioned
     if config_patches:
         with config.patch(**config_patches):  # unknown options fail here, at once
             pass

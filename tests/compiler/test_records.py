@@ -149,9 +149,11 @@ def test_compiled_graph_prints_every_record_and_the_compile_time():
 def test_dump_folder_holds_the_stages_in_order(tmp_path, monkeypatch):
     monkeypatch.setenv("AOTFORGE_DUMP_DIR", str(tmp_path))
     _compiled(_three_matmuls, torch.randn(4, 4), torch.randn(4, 4))
-    names = sorted(os.listdir(tmp_path))
+    files = sorted(f for f in tmp_path.rglob("*") if f.is_file())  # <pid>/<compile>/<numbered files>
+    assert len({f.parent for f in files}) == 1
+    names = [f.name for f in files]
     stages = ["post_grad", "lowered", "kernel_plan", "memory_plan", "kernels", "wrapper"]
     positions = [next(i for i, name in enumerate(names) if stage in name) for stage in stages]
     assert positions == sorted(positions), names
     plan = next(name for name in names if "kernel_plan" in name)
-    assert "kernel0: pointwise x=16" in (tmp_path / plan).read_text()
+    assert "kernel0: pointwise x=16" in (files[0].parent / plan).read_text()

@@ -249,5 +249,18 @@ def _compile_kernel(module_path: str, name: str, expected: str, kernel_name: str
         module = _worker_modules[expected] = execute_module(name, module_path, source)
     kernel = getattr(module, kernel_name)
     for config_ in configs:
-        kernel.warmup(*arg_dtypes, *sizes, grid=(1,), **config_)
+        _build_launcher(kernel.warmup(*arg_dtypes, *sizes, grid=(1,), **config_))
     return len(configs)
+
+
+def _build_launcher(compiled: Any) -> None:
+    """(In a worker.) Triton 3.6 builds a C launcher per kernel signature with the system C
+    compiler at the kernel's first launch (a third of a second each, one after another in the
+    main process); building it here leaves it in Triton's cache for the parent. Newer Tritons
+    have a generic launcher: nothing to build, and nothing lost if this fails."""
+    try:
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(compiled.src, compiled.metadata)
+    except Exception:  # noqa: BLE001  an optimization only: the parent builds it if need be
+        pass

@@ -11,7 +11,7 @@ import threading
 import time
 import types
 from concurrent.futures import Future
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -250,13 +250,35 @@ class Kernel:
 
     def _time(self, args: Sequence[Any], candidate: dict, on_gpu: bool) -> float:
         if on_gpu:
-            from triton.testing import do_bench
-
-            return do_bench(lambda: self._launch(args, candidate), warmup=5, rep=20)
+            return _time_on_gpu(lambda: self._launch(args, candidate))
         self._launch(args, candidate)  # compile
         started = time.perf_counter()
         self._launch(args, candidate)
         return time.perf_counter() - started
+
+
+# Timing a candidate: enough launches for about this many milliseconds, within these bounds.
+# (triton.testing.do_bench's 25 ms per candidate, with an L2 flush before each launch, made
+# autotuning the largest part of a first step: thousands of launches per kernel.)
+TUNE_MS, TUNE_MIN_LAUNCHES, TUNE_MAX_LAUNCHES = 1.0, 3, 50
+
+
+def _time_on_gpu(launch: Callable[[], None]) -> float:
+    """Milliseconds per launch: one launch to warm up and estimate, then a timed batch."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    launch()  # loads the binary (compiled by the pool) onto the device
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    estimate = max(start.elapsed_time(end), 1e-3)
+    count = int(min(TUNE_MAX_LAUNCHES, max(TUNE_MIN_LAUNCHES, TUNE_MS / estimate)))
+    start.record()
+    for _ in range(count):
+        launch()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / count
 
 
 # --- helpers called by generated wrappers ---------------------------------------------------

@@ -20,6 +20,7 @@ def cache_dir(tmp_path, monkeypatch):
     directory = tmp_path / "cache"
     monkeypatch.setattr(disk_cache, "_warned", set())
     forget_loaded_modules()
-    with config.patch(cache_dir=str(directory)):
-        yield directory
+    # the global value, not a patch: patches are per thread, and some tests load from threads
+    monkeypatch.setattr(config, "cache_dir", str(directory))
+    yield directory
     forget_loaded_modules()
