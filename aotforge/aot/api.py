@@ -303,11 +303,13 @@ def aot_module_simplified(
     decompositions: Optional[dict] = None,
     keep_inference_input_mutations: bool = False,
     inference_compiler: Optional[Callable] = None,
+    compile_backward_now: bool = False,
     **unused,
 ) -> Callable:
     """The low-overhead entry used under Dynamo: ``mod`` is called with flat ``args`` (fake
     tensors and SymInts), compiled now, and the returned callable takes the real flat
-    arguments. Dynamo's guards decide when to recompile, so there is no cache here."""
+    arguments. Dynamo's guards decide when to recompile, so there is no cache here.
+    ``compile_backward_now``: compile the backward graph with the forward, not lazily."""
     check_no_fake_constants(mod)
     params = [
         *(p for _, p in mod.named_parameters(remove_duplicate=False)),
@@ -330,6 +332,7 @@ def aot_module_simplified(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params,
         keep_inference_input_mutations, inference_compiler, False, "dynamo_graph",
     )
+    config.compile_backward_now = compile_backward_now
     # Dynamo lifts parameters and buffers as graph inputs and marks them: they live as long
     # as the module (the partitioner saves them for free).
     config.static_input_indices = (

@@ -140,10 +140,15 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     clone_saved = _saved_aliases_of_mutated_inputs(forward, meta, num_outputs, num_saved_tensors)
     with torch.no_grad():
         compiled_forward = config.fw_compiler(forward, _placeholder_values(forward))
+    bw_compiler = _under_current_patches(config.bw_compiler)
+    if config.compile_backward_now:
+        with torch.no_grad():
+            compiled_backward = bw_compiler(backward, _placeholder_values(backward))
+        bw_compiler = lambda gm, example_inputs: compiled_backward  # noqa: E731  already done
     return make_training_runtime(
         compiled_forward,
         backward,
-        _under_current_patches(config.bw_compiler),
+        bw_compiler,
         meta,
         fake_args,
         num_saved_tensors,

@@ -198,6 +198,9 @@ class AOTConfig:
     # Indices of inputs whose storage lives as long as the module (parameters, buffers).
     static_input_indices: Sequence[int] = ()
     name: str = "function"
+    # Compile the backward graph right after the forward instead of at the first backward
+    # call: a compiler that builds kernels in the background then builds both graphs' at once.
+    compile_backward_now: bool = False
 
 
 def symbol_bindings(fake_args: Sequence, real_args: Sequence) -> dict:

@@ -2,6 +2,8 @@
 kernels shared across layers and graphs, and observe()."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -112,3 +114,36 @@ def test_observe_collects_the_graphs_of_a_block():
     with observe() as later:
         pass
     assert later == []
+
+
+def test_backward_compiles_with_the_forward_and_each_first_run_is_timed():
+    # torch.compile's backend compiles the backward graph at once, so that a compile pool
+    # builds both graphs' kernels together; the first call of each graph records how long it
+    # waited for the pool, compiled and autotuned
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    fn = lambda x: (x.sin() * 3).sum(-1)
+    torch._dynamo.reset()
+    with config.patch(triton_on_cpu=True), observe() as graphs:
+        out = torch.compile(fn, backend="aotforge")(x)
+        assert [g.kind for g in graphs] == ["forward", "backward"]
+        out.sum().backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach().cos())
+    for graph in graphs:
+        assert {"pool_wait", "triton_compile", "autotune", "first_run"} <= set(graph.timings)
+        assert "triton_compile" in graph.describe_timings()
+
+
+def test_backward_compiled_in_autograd_thread_is_observed():
+    import threading
+
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    backward = functools.partial(compile_fx_inner, is_backward=True)
+    compiled = aotforge.aot_function(lambda x: x.exp() * 3, compile_fx_inner, backward)
+    with config.patch(triton_on_cpu=True), observe() as graphs:
+        out = compiled(x)
+        # as autograd does for CUDA tensors: the backward (and its lazy compile) in another thread
+        thread = threading.Thread(target=lambda: out.sum().backward())
+        thread.start()
+        thread.join()
+    assert [g.kind for g in graphs] == ["forward", "backward"]
+    torch.testing.assert_close(x.grad, 3 * x.detach().exp())

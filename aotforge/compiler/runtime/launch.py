@@ -160,7 +160,7 @@ class Kernel:
         self.configs = candidate_configs(kind, numel, rnumel, contiguous)
         self.best: Optional[dict] = None
         # what the first launch spent, for the compile-time breakdown
-        self.seconds = {"triton_compile": 0.0, "autotune": 0.0}
+        self.seconds = {"pool_wait": 0.0, "triton_compile": 0.0, "autotune": 0.0}
         if isinstance(precompiled, Future):
             precompiled = [precompiled]
         self.pending: list[Future] = list(precompiled or [])
@@ -215,6 +215,9 @@ class Kernel:
         self._launch(args, self.best)
 
     def _first_run(self, args: Sequence[Any]) -> None:
+        """Wait for the compile pool, choose a configuration, launch. ``seconds``: the wait,
+        the first launch (Triton compiles here what the pool did not, and loads the binary)
+        and the autotuning."""
         started = time.perf_counter()
         if self.pending:
             self._await_precompile()
@@ -222,7 +225,8 @@ class Kernel:
         best = self._choose(args)
         chosen = time.perf_counter()
         self._launch(args, best)  # Triton compiles here unless the pool (or its disk cache) did
-        self.seconds["triton_compile"] += (waited - started) + (time.perf_counter() - chosen)
+        self.seconds["pool_wait"] += waited - started
+        self.seconds["triton_compile"] += time.perf_counter() - chosen
         self.seconds["autotune"] += chosen - waited
         self.best = best
 
@@ -261,24 +265,27 @@ class Kernel:
 # (triton.testing.do_bench's 25 ms per candidate, with an L2 flush before each launch, made
 # autotuning the largest part of a first step: thousands of launches per kernel.)
 TUNE_MS, TUNE_MIN_LAUNCHES, TUNE_MAX_LAUNCHES = 1.0, 3, 50
+GPU_SLEEP_CYCLES_PER_LAUNCH = 100_000  # about 50 us at 2 GHz: more than a launch from Python
 
 
 def _time_on_gpu(launch: Callable[[], None]) -> float:
     """Milliseconds per launch: one launch to warm up and estimate, then a timed batch."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     launch()  # loads the binary (compiled by the pool) onto the device
-    start.record()
-    launch()
-    end.record()
-    end.synchronize()
-    estimate = max(start.elapsed_time(end), 1e-3)
-    count = int(min(TUNE_MAX_LAUNCHES, max(TUNE_MIN_LAUNCHES, TUNE_MS / estimate)))
-    start.record()
-    for _ in range(count):
-        launch()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / count
+
+    def timed(count: int) -> float:
+        # The GPU waits while the launches are queued, so that kernels shorter than a launch
+        # from Python are timed back to back, not at the rate Python issues them.
+        torch.cuda._sleep(count * GPU_SLEEP_CYCLES_PER_LAUNCH)
+        start.record()
+        for _ in range(count):
+            launch()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / count
+
+    estimate = max(timed(1), 1e-3)
+    return timed(int(min(TUNE_MAX_LAUNCHES, max(TUNE_MIN_LAUNCHES, TUNE_MS / estimate))))
 
 
 # --- helpers called by generated wrappers ---------------------------------------------------
