@@ -100,3 +100,29 @@ def test_listed_ops_become_kernels(case):
     for s in seen:
         unexpected = [op for op in s["fallbacks"] if not any(name in op for name in EXTERN_OK)]
         assert not unexpected, f"{case}: ops ran as ATen fallbacks: {unexpected}"
+
+
+def test_direct_launches_follow_the_arguments_alignment():
+    """After the first launch, kernels skip Triton's dispatch; an argument whose alignment
+    differs from what a kernel was compiled for (an unaligned view) gets its own compile."""
+    fn = lambda x, y: (x * 2 + y.sin(), (x - y).sum(-1))
+    x, y = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda")
+    gm = make_fx_graph(fn, x, y)
+    compiled = compile_fx_inner(gm, [x, y])
+    launchers = list(compiled.compiled_graph.launchers.values())
+    base = torch.randn(64 * 96 + 1, device="cuda")
+    unaligned = base[1:].view(64, 96)  # 4 bytes past an aligned allocation
+    for args in ([x, y], [x, y], [unaligned, y], [x, y], [unaligned, y], [y, x]):
+        expected = fn(*args)
+        for actual, wanted in zip(compiled(list(args)), expected):
+            torch.testing.assert_close(actual, wanted)
+    assert all(k.direct is not None for k in launchers)
+    assert all(len(k.direct.launches) == 2 for k in launchers if k.numel > 0)  # aligned, unaligned
+    assert all(launch is not None for k in launchers for launch in k.direct.launches.values())
+
+
+def make_fx_graph(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(torch.func.functionalize(fn, remove="mutations_and_views"),
+                   decomposition_table=select_decomposition_table(), tracing_mode="fake")(*args)

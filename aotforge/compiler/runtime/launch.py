@@ -17,7 +17,7 @@ import torch
 
 from ...config import config
 from ..ir import ceil_pow2
-from . import disk_cache
+from . import direct, disk_cache
 from .disk_cache import cache_directory  # noqa: F401  (re-exported: the wrapper and tests use it)
 
 log = logging.getLogger("aotforge")
@@ -159,6 +159,8 @@ class Kernel:
         self.numel, self.rnumel, self.mutates = numel, rnumel, mutates
         self.configs = candidate_configs(kind, numel, rnumel, contiguous)
         self.best: Optional[dict] = None
+        # launches past Triton's per-call dispatch, per argument specialization (CUDA only)
+        self.direct: Optional[direct.DirectLauncher] = None
         # what the first launch spent, for the compile-time breakdown
         self.seconds = {"pool_wait": 0.0, "triton_compile": 0.0, "autotune": 0.0}
         if isinstance(precompiled, Future):
@@ -202,9 +204,12 @@ class Kernel:
                     log.warning("aotforge: the compile pool failed to compile %s (%s: %s); compiling "
                                 "kernels in this process instead", self.name, type(error).__name__, error)
 
-    def _launch(self, args: Sequence[Any], chosen: dict) -> None:
-        grid = ((self.numel + chosen["XBLOCK"] - 1) // chosen["XBLOCK"],)
-        self.fn[grid](*args, *self.sizes, **chosen)
+    def _grid(self, chosen: dict) -> tuple[int]:
+        return ((self.numel + chosen["XBLOCK"] - 1) // chosen["XBLOCK"],)
+
+    def _launch(self, args: Sequence[Any], chosen: dict) -> Any:
+        """Launch through Triton's dispatch; returns the compiled kernel it chose (3.x)."""
+        return self.fn[self._grid(chosen)](*args, *self.sizes, **chosen)
 
     def run(self, *args: Any) -> None:
         if self.numel == 0:
@@ -212,7 +217,17 @@ class Kernel:
         if self.best is None:
             self._first_run(args)
             return
-        self._launch(args, self.best)
+        if self.direct is None:
+            self._launch(args, self.best)
+            return
+        key, launch = self.direct.get(args)
+        if launch is not None:
+            launch(args)
+            return
+        compiled = self._launch(args, self.best)
+        if key not in self.direct.launches:  # a new specialization: launch it directly next time
+            constexprs = tuple(self.best[p.name] for p in getattr(self.fn, "params", ()) if p.is_constexpr)
+            self.direct.remember(key, compiled, self._grid(self.best), (*self.sizes, *constexprs))
 
     def _first_run(self, args: Sequence[Any]) -> None:
         """Wait for the compile pool, choose a configuration, launch. ``seconds``: the wait,
@@ -225,6 +240,8 @@ class Kernel:
         best = self._choose(args)
         chosen = time.perf_counter()
         self._launch(args, best)  # Triton compiles here unless the pool (or its disk cache) did
+        if not interpreting() and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            self.direct = direct.DirectLauncher()
         self.seconds["pool_wait"] += waited - started
         self.seconds["triton_compile"] += time.perf_counter() - chosen
         self.seconds["autotune"] += chosen - waited

@@ -47,6 +47,7 @@ def cpu_autotune(monkeypatch, cache_dir):
     monkeypatch.setattr(launch, "AUTOTUNE_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(launch, "AUTOTUNE_MIN_ELEMENTS", 0)
     monkeypatch.setattr(launch, "candidate_configs", lambda *args: [dict(c) for c in CANDIDATES])
+    monkeypatch.setattr(config, "autotune", True)  # off by default (mode="max-autotune" turns it on)
     return cache_dir
 
 

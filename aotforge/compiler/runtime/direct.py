@@ -1,0 +1,66 @@
+"""Launching a compiled Triton kernel without Triton's per-call dispatch.
+
+``JITFunction.run`` binds the arguments, computes their specialization (dtype and 16-byte
+alignment of each pointer, value classes of integers), looks the compiled kernel up and only
+then launches: tens of microseconds of Python per launch, which for a training step of a few
+hundred small kernels is a large part of the step. Our kernels' sizes and block sizes are
+fixed at compile time, so the only thing that can change between calls is the arguments'
+specialization. ``DirectLauncher`` keeps, per specialization seen, the compiled kernel that
+Triton's own launch chose, and calls its launcher directly; an argument with a new
+specialization (an unaligned view, say) goes through Triton once more and is remembered.
+
+Used on CUDA only (the interpreter has no compiled kernels), and only where no launch hooks
+(profilers) are installed: those expect Triton's own path.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+
+def specialization(args: Sequence[Any]) -> tuple:
+    """What Triton specializes a kernel on, for our arguments: each tensor's dtype and whether
+    its data is 16-byte aligned; other arguments by value."""
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def usable(compiled: Any) -> bool:
+    """Whether ``compiled`` (what ``JITFunction.run`` returned) can be launched directly."""
+    try:
+        from triton import knobs
+
+        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    except (ImportError, AttributeError):
+        return False
+    return (all(h is None for h in hooks) and compiled is not None and callable(getattr(compiled, "run", None))
+            and hasattr(compiled, "function") and hasattr(compiled, "packed_metadata"))
+
+
+def make_launch(compiled: Any, grid: tuple[int, ...], tail: tuple) -> Callable[[Sequence[Any]], None]:
+    """``launch(args)``: ``compiled`` on ``grid`` with ``args`` followed by ``tail`` (the sizes
+    and the constexpr values, as Triton passes every bound argument to the launcher)."""
+    from triton.runtime.driver import driver
+
+    current_device, current_stream = driver.active.get_current_device, driver.active.get_current_stream
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    grid_0, grid_1, grid_2 = (*grid, 1, 1)[:3]
+
+    def launch(args: Sequence[Any]) -> None:
+        run(grid_0, grid_1, grid_2, current_stream(current_device()), function, metadata, None, None, None,
+            *args, *tail)
+    return launch
+
+
+class DirectLauncher:
+    """Per specialization, a direct launch of the kernel Triton compiled for it."""
+
+    def __init__(self) -> None:
+        self.launches: dict[tuple, Optional[Callable]] = {}
+
+    def get(self, args: Sequence[Any]) -> tuple[tuple, Optional[Callable]]:
+        key = specialization(args)
+        return key, self.launches.get(key)
+
+    def remember(self, key: tuple, compiled: Any, grid: tuple[int, ...], tail: tuple) -> None:
+        self.launches[key] = make_launch(compiled, grid, tail) if usable(compiled) else None
