@@ -163,7 +163,8 @@ def get_pool() -> Optional[CompilePool]:
         size = worker_count()
         if size == 0:
             return None
-        _pool = CompilePool(size, _triton_environment(), preload=[__name__, "triton", "triton.compiler"])
+        _pool = CompilePool(size, _triton_environment(), preload=[__name__, "triton", "triton.compiler",
+                                                                 f"{__package__}.compile_warmup"])
         _pool_pid = os.getpid()
         return _pool
 

@@ -222,8 +222,14 @@ class Kernel:
             return
         key, launch = self.direct.get(args)
         if launch is not None:
-            launch(args)
-            return
+            try:
+                launch(args)
+                return
+            except TypeError as error:  # a Triton whose launcher takes other arguments
+                log.warning("aotforge: launching %s directly failed (%s); using Triton's dispatch", self.name, error)
+                self.direct = None
+                self._launch(args, self.best)
+                return
         compiled = self._launch(args, self.best)
         if key not in self.direct.launches:  # a new specialization: launch it directly next time
             constexprs = tuple(self.best[p.name] for p in getattr(self.fn, "params", ()) if p.is_constexpr)
