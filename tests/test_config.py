@@ -46,11 +46,11 @@ def test_patch_is_visible_only_in_its_thread():
 
 
 def test_nested_patches_restore_in_order_and_assignment_inside_a_patch_stays_in_it():
-    before = config.cache_size_limit
+    before, autotune = config.cache_size_limit, config.autotune
     with config.patch(cache_size_limit=5):
-        with config.patch(cache_size_limit=6, autotune=False):
-            assert (config.cache_size_limit, config.autotune) == (6, False)
-        assert (config.cache_size_limit, config.autotune) == (5, True)
+        with config.patch(cache_size_limit=6, autotune=not autotune):
+            assert (config.cache_size_limit, config.autotune) == (6, not autotune)
+        assert (config.cache_size_limit, config.autotune) == (5, autotune)
         config.cache_size_limit = 7
         assert config.cache_size_limit == 7
     assert config.cache_size_limit == before
