@@ -61,6 +61,9 @@ def _child(args: argparse.Namespace) -> dict:
         return out
 
     graphs: list = []
+    # inference runs under no_grad from the first call on: a first call with grad enabled would
+    # compile a training graph that the timed steps (no_grad) never use
+    grad_mode = torch.enable_grad() if train else torch.no_grad()
     started = time.perf_counter()
     if args.backend == "aotforge":
         from aotforge.compiler import observe
@@ -71,7 +74,7 @@ def _child(args: argparse.Namespace) -> dict:
 
             profiler = cProfile.Profile()
             profiler.enable()
-        with observe() as graphs:
+        with observe() as graphs, grad_mode:
             out = step()
         if profiler is not None:
             import io
@@ -84,7 +87,7 @@ def _child(args: argparse.Namespace) -> dict:
             stats.sort_stats("tottime").print_stats(40)
             Path(args.result + ".profile.txt").write_text(text.getvalue())
     else:
-        with torch.no_grad() if not train else torch.enable_grad():
+        with grad_mode:
             out = step()
     torch.cuda.synchronize()
     first = time.perf_counter() - started
