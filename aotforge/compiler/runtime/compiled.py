@@ -99,7 +99,9 @@ def _launcher(source: KernelSource) -> Any:
 def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
          program: Program, timings: dict) -> CompiledGraph:
     started = time.perf_counter()
-    launchers = {source.group: _launcher(source) for source in kernels}
+    # longest sources first: each launcher hands its kernel to the compile pool as it is made,
+    # and starting the slowest compiles first keeps the pool's last round short
+    launchers = {source.group: _launcher(source) for source in sorted(kernels, key=lambda k: -len(k.source))}
     namespace = dict(program.namespace)
     namespace.update(launchers)
     namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,
