@@ -20,7 +20,7 @@ from .. import ir
 from ..ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Layout, Pointwise,
                   PointwiseBody, ReductionBody, StorageView, Value)
 from ..ops import ReadRecorder, use_handler
-from .registry import LOWERINGS, NotLowerable, lowering_node
+from .registry import LOWERINGS, LoweringContext, NotLowerable
 
 # A value used by several consumers is recomputed in each (fusing it) when it is this cheap;
 # above it is computed once into a buffer. Recomputing keeps memory traffic low; the limits
@@ -148,8 +148,7 @@ class GraphLowering:
         if lowering is not None:
             emitted, realized = len(self.operations), len(self._realized)
             try:
-                with lowering_node(node, self):
-                    result = lowering(*args, **kwargs)
+                result = lowering(LoweringContext(node, self), *args, **kwargs)
                 self.lowered_ops[name] = self.lowered_ops.get(name, 0) + 1
                 return self._maybe_realize(node, result)
             except NotLowerable:

@@ -10,43 +10,43 @@ import torch
 from ..ir import FloorDiv, Pointwise, StorageView, Value
 from ..ops import ops
 from .pointwise import _cast
-from .registry import (NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype, current_graph,
-                       device_of, node_value, normalize_dim, register, result_dtype, static_ints)
+from .registry import (LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype,
+                       normalize_dim, register, static_ints)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 
-def _meta_device() -> torch.device:
-    val = node_value()
+def _meta_device(ctx: LoweringContext) -> torch.device:
+    val = ctx.value
     if not isinstance(val, torch.Tensor):
         raise NotLowerable("creation op without a tensor result")
     return val.device
 
 
 @register(aten.full.default)
-def full(size: Sequence[Any], fill_value: Any, **kwargs: Any) -> Value:
-    dtype = result_dtype()
-    return Pointwise(static_ints(size), dtype, _meta_device(), lambda index: ops.constant(fill_value, dtype))
+def full(ctx: LoweringContext, size: Sequence[Any], fill_value: Any, **kwargs: Any) -> Value:
+    dtype = ctx.result_dtype()
+    return Pointwise(static_ints(size), dtype, _meta_device(ctx), lambda index: ops.constant(fill_value, dtype))
 
 
 @register(aten.full_like.default)
-def full_like(x: Value, fill_value: Any, **kwargs: Any) -> Value:
-    dtype = result_dtype()
-    return Pointwise(x.size, dtype, _meta_device(), lambda index: ops.constant(fill_value, dtype))
+def full_like(ctx: LoweringContext, x: Value, fill_value: Any, **kwargs: Any) -> Value:
+    dtype = ctx.result_dtype()
+    return Pointwise(x.size, dtype, _meta_device(ctx), lambda index: ops.constant(fill_value, dtype))
 
 
 @register(aten.scalar_tensor.default)
-def scalar_tensor(value: Any, **kwargs: Any) -> Value:
-    dtype = result_dtype()
-    return Pointwise([], dtype, _meta_device(), lambda index: ops.constant(value, dtype))
+def scalar_tensor(ctx: LoweringContext, value: Any, **kwargs: Any) -> Value:
+    dtype = ctx.result_dtype()
+    return Pointwise([], dtype, _meta_device(ctx), lambda index: ops.constant(value, dtype))
 
 
 @register(aten.arange.start_step, aten.arange.default, aten.arange.start, prims.iota.default)
-def arange(*args: Any, **kwargs: Any) -> Value:
-    dtype = result_dtype()
-    length = int(node_value().shape[0])
-    if current_op() is prims.iota.default:
+def arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Value:
+    dtype = ctx.result_dtype()
+    length = int(ctx.value.shape[0])
+    if ctx.op is prims.iota.default:
         start, step = kwargs["start"], kwargs["step"]
     else:
         numbers = [a for a in args if isinstance(a, (int, float))]
@@ -61,26 +61,20 @@ def arange(*args: Any, **kwargs: Any) -> Value:
         value = ops.add(ops.mul(ops.to_dtype(position, compute, torch.int64), ops.constant(step, compute)),
                         ops.constant(start, compute))
         return _to(value, dtype, compute)
-    return Pointwise([length], dtype, _meta_device(), fn)
+    return Pointwise([length], dtype, _meta_device(ctx), fn)
 
 
 def _to(value, dtype, source):
     return ops.to_dtype(value, dtype, source) if dtype != source else value
 
 
-def current_op():
-    from .registry import current_node
-
-    return current_node().target
-
-
 @register(aten.cat.default)
-def cat(tensors: Sequence[Value], dim: int = 0) -> Value:
+def cat(ctx: LoweringContext, tensors: Sequence[Value], dim: int = 0) -> Value:
     """Each output element loads from the one input whose range along ``dim`` holds it."""
     tensors = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
     if not tensors:
         raise NotLowerable("cat of empty tensors")
-    dtype = result_dtype()
+    dtype = ctx.result_dtype()
     dim = normalize_dim(dim, len(tensors[0].size))
     starts, total = [], 0
     for t in tensors:
@@ -108,11 +102,11 @@ def cat(tensors: Sequence[Value], dim: int = 0) -> Value:
             value = ops.masked(inside, lambda s=shifted, l=load: l(s), 0)
             result = value if result is None else ops.where(inside, value, result)
         return result
-    return Pointwise(size, dtype, device_of(tensors), fn)
+    return Pointwise(size, dtype, ctx.device(tensors), fn)
 
 
 @register(aten.constant_pad_nd.default)
-def constant_pad_nd(x: Value, pad: Sequence[int], value: Any = 0) -> Value:
+def constant_pad_nd(ctx: LoweringContext, x: Value, pad: Sequence[int], value: Any = 0) -> Value:
     pad = static_ints(pad)
     rank = len(x.size)
     size = list(x.size)
@@ -145,7 +139,7 @@ def _indirect(index_value: Value, index_at, size: Any):
 
 
 @register(aten.index.Tensor)
-def index(x: Value, indices: Sequence[Optional[Value]]) -> Value:
+def index(ctx: LoweringContext, x: Value, indices: Sequence[Optional[Value]]) -> Value:
     """Advanced indexing with integer index tensors (boolean masks are data-dependent and run
     as ATen calls)."""
     indices = list(indices) + [None] * (len(x.size) - len(indices))
@@ -178,7 +172,7 @@ def index(x: Value, indices: Sequence[Optional[Value]]) -> Value:
 
 
 @register(aten.gather.default)
-def gather(x: Value, dim: int, index_: Value, *, sparse_grad: bool = False) -> Value:
+def gather(ctx: LoweringContext, x: Value, dim: int, index_: Value, *, sparse_grad: bool = False) -> Value:
     if not x.size or not index_.size:
         raise NotLowerable("gather on a 0-d tensor (ATen checks its index)")
     dim = normalize_dim(dim, len(x.size))
@@ -192,7 +186,7 @@ def gather(x: Value, dim: int, index_: Value, *, sparse_grad: bool = False) -> V
 
 
 @register(aten.index_select.default)
-def index_select(x: Value, dim: int, index_: Value) -> Value:
+def index_select(ctx: LoweringContext, x: Value, dim: int, index_: Value) -> Value:
     if not x.size:
         raise NotLowerable("index_select of a 0-d tensor")
     dim = normalize_dim(dim, len(x.size))
@@ -208,7 +202,7 @@ def index_select(x: Value, dim: int, index_: Value) -> Value:
 
 
 @register(aten.embedding.default)
-def embedding(weight: Value, indices: Value, padding_idx: int = -1, scale_grad: bool = False,
+def embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx: int = -1, scale_grad: bool = False,
               sparse: bool = False) -> Value:
     load = weight.make_loader()
     size = list(indices.size) + [weight.size[1]]
@@ -219,7 +213,7 @@ def embedding(weight: Value, indices: Value, padding_idx: int = -1, scale_grad: 
 
 
 @register(aten.slice_scatter.default)
-def slice_scatter(x: Value, source: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+def slice_scatter(ctx: LoweringContext, x: Value, source: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
     dim = normalize_dim(dim, len(x.size))
     length = int(x.size[dim])
     start = 0 if start is None else int(start)
@@ -241,7 +235,7 @@ def slice_scatter(x: Value, source: Value, dim: int = 0, start: Any = None, end:
 
 
 @register(aten.select_scatter.default)
-def select_scatter(x: Value, source: Value, dim: int, position: int) -> Value:
+def select_scatter(ctx: LoweringContext, x: Value, source: Value, dim: int, position: int) -> Value:
     dim = normalize_dim(dim, len(x.size))
     position = int(position) + (int(x.size[dim]) if int(position) < 0 else 0)
     load_x, load_source = x.make_loader(), broadcast_loader(source, source.size, x.dtype)
@@ -253,9 +247,9 @@ def select_scatter(x: Value, source: Value, dim: int, position: int) -> Value:
 
 
 @register(aten.copy_.default)
-def copy_(destination: Value, source: Value, non_blocking: bool = False) -> Value:
+def copy_(ctx: LoweringContext, destination: Value, source: Value, non_blocking: bool = False) -> Value:
     """``copy_`` into a graph input: the kernel writes the new values into the input itself."""
-    graph = current_graph()
+    graph = ctx.graph
     if not (isinstance(destination, StorageView) and destination.buffer.name in graph.input_names):
         raise NotLowerable("copy_ into something other than a graph input")
     value = _cast(Pointwise(destination.size, source.dtype, destination.device,
@@ -266,7 +260,7 @@ def copy_(destination: Value, source: Value, non_blocking: bool = False) -> Valu
 
 
 @register(aten.scatter.value, aten.scatter.src)
-def scatter(x: Value, dim: int, index_: Value, source: Any) -> Value:
+def scatter(ctx: LoweringContext, x: Value, dim: int, index_: Value, source: Any) -> Value:
     """One index per row along ``dim`` (a one-hot, as in cross-entropy's backward) is a gather
     seen from the output: element i takes the source where i[dim] == index[i with dim=0]."""
     if not x.size or not index_.size:

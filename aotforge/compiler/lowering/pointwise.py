@@ -7,8 +7,8 @@ import torch
 
 from ..ir import Pointwise, StorageView, Value
 from ..ops import ops
-from .registry import (NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype, device_of,
-                       node_value, promoted_dtype, register, result_dtype)
+from .registry import (LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype,
+                       promoted_dtype, register)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -18,12 +18,12 @@ def make_pointwise(op_name: str, kind: str = "DEFAULT", *, float_only: bool = Fa
     """A lowering that applies ``ops.<op_name>`` elementwise with torch's broadcasting and
     type promotion. ``kind`` names the ELEMENTWISE_TYPE_PROMOTION_KIND."""
 
-    def lower(*args: Any) -> Value:
+    def lower(ctx: LoweringContext, *args: Any) -> Value:
         tensors = [a for a in args if isinstance(a, Value)]
         if not tensors:
             raise NotLowerable("a pointwise op needs a tensor operand")
         compute, result = promoted_dtype(*args, kind=kind)
-        result = result_dtype(result)
+        result = ctx.result_dtype(result)
         compute = compute_dtype(compute)
         if float_only and not compute.is_floating_point:
             raise NotLowerable(f"{op_name} of {compute}")
@@ -34,7 +34,7 @@ def make_pointwise(op_name: str, kind: str = "DEFAULT", *, float_only: bool = Fa
             value = getattr(ops, op_name)(*[load(index) for load in loaders])
             out_dtype = torch.bool if kind == "ALWAYS_BOOL" else compute
             return ops.to_dtype(value, result, out_dtype) if out_dtype != result else value
-        return Pointwise(size, result, device_of(*args), fn)
+        return Pointwise(size, result, ctx.device(*args), fn)
     return lower
 
 
@@ -87,25 +87,19 @@ for _op, (_name, _kind) in POINTWISE_TABLE.items():
 
 
 @register(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
-def add_or_sub(a: Any, b: Any, alpha: Any = 1) -> Value:
+def add_or_sub(ctx: LoweringContext, a: Any, b: Any, alpha: Any = 1) -> Value:
     """``a + alpha * b``: alpha folds into the second operand."""
-    name = "add" if "add" in str(current_op()) else "sub"
+    name = "add" if "add" in str(ctx.op) else "sub"
     if alpha != 1:
-        b = make_pointwise("mul")(b, alpha)
-    return make_pointwise(name)(a, b)
-
-
-def current_op() -> Any:
-    from .registry import current_node
-
-    return current_node().target
+        b = make_pointwise("mul")(ctx, b, alpha)
+    return make_pointwise(name)(ctx, a, b)
 
 
 @register(aten.pow.Tensor_Scalar)
-def pow_tensor_scalar(base: Value, exponent: Any) -> Value:
+def pow_tensor_scalar(ctx: LoweringContext, base: Value, exponent: Any) -> Value:
     """Small integer powers become multiplications (exact, and faster than pow)."""
     if isinstance(exponent, (int, float)) and float(exponent).is_integer() and 0 <= exponent <= 4:
-        result = result_dtype(base.dtype)
+        result = ctx.result_dtype(base.dtype)
         compute = compute_dtype(result)
         load = broadcast_loader(base, base.size, compute)
 
@@ -117,8 +111,8 @@ def pow_tensor_scalar(base: Value, exponent: Any) -> Value:
             return ops.to_dtype(value, result, compute) if compute != result else value
         return Pointwise(base.size, result, base.device, fn)
     if isinstance(exponent, (int, float)) and float(exponent) == 0.5:
-        return make_pointwise("sqrt", "INT_TO_FLOAT")(base)
-    return make_pointwise("pow", "BOOL_TO_LONG")(base, exponent)
+        return make_pointwise("sqrt", "INT_TO_FLOAT")(ctx, base)
+    return make_pointwise("pow", "BOOL_TO_LONG")(ctx, base, exponent)
 
 
 def integer_division(op_name: str) -> Callable:
@@ -128,11 +122,11 @@ def integer_division(op_name: str) -> Callable:
     runs as the ATen call, which raises exactly as eager does."""
     pointwise = make_pointwise(op_name)
 
-    def lower(a: Any, b: Any) -> Value:
+    def lower(ctx: LoweringContext, a: Any, b: Any) -> Value:
         compute, _ = promoted_dtype(a, b)
         if not compute.is_floating_point and (isinstance(b, Value) or b == 0):
             raise NotLowerable(f"integer {op_name} by a divisor that may be zero")
-        return pointwise(a, b)
+        return pointwise(ctx, a, b)
     return lower
 
 
@@ -143,41 +137,40 @@ for _op, _name in [(aten.remainder.Tensor, "remainder"), (aten.remainder.Scalar,
 
 
 @register(aten.div.Tensor_mode, aten.div.Scalar_mode)
-def div_mode(a: Any, b: Any, *, rounding_mode: Any = None) -> Value:
+def div_mode(ctx: LoweringContext, a: Any, b: Any, *, rounding_mode: Any = None) -> Value:
     if rounding_mode is None:
-        return make_pointwise("truediv", "INT_TO_FLOAT")(a, b)
+        return make_pointwise("truediv", "INT_TO_FLOAT")(ctx, a, b)
     if rounding_mode == "floor":
-        return integer_division("floordiv")(a, b)
+        return integer_division("floordiv")(ctx, a, b)
     if rounding_mode == "trunc":
-        return integer_division("truncdiv")(a, b)
+        return integer_division("truncdiv")(ctx, a, b)
     raise NotLowerable(f"rounding_mode={rounding_mode!r}")
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
-def where(condition: Any, a: Any, b: Any) -> Value:
+def where(ctx: LoweringContext, condition: Any, a: Any, b: Any) -> Value:
     compute, result = promoted_dtype(a, b)
-    result = result_dtype(result)
+    result = ctx.result_dtype(result)
     tensors = [v for v in (condition, a, b) if isinstance(v, Value)]
     size = broadcast_shapes(*[t.size for t in tensors])
     load_condition = broadcast_loader(condition, size, torch.bool)
     load_a, load_b = broadcast_loader(a, size, result), broadcast_loader(b, size, result)
-    return Pointwise(size, result, device_of(condition, a, b),
+    return Pointwise(size, result, ctx.device(condition, a, b),
                      lambda index: ops.where(load_condition(index), load_a(index), load_b(index)))
 
 
 @register(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
           aten.clamp_min.Tensor, aten.clamp_max.Tensor)
-def clamp(x: Value, low: Any = None, high: Any = None) -> Value:
-    target = current_op()
-    if target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+def clamp(ctx: LoweringContext, x: Value, low: Any = None, high: Any = None) -> Value:
+    if ctx.op in (aten.clamp_max.default, aten.clamp_max.Tensor):
         low, high = None, low
-    result = result_dtype(x.dtype)
+    result = ctx.result_dtype(x.dtype)
     if isinstance(low, Value) or isinstance(high, Value):
         out = x
         if low is not None:
-            out = make_pointwise("maximum")(out, low)
+            out = make_pointwise("maximum")(ctx, out, low)
         if high is not None:
-            out = make_pointwise("minimum")(out, high)
+            out = make_pointwise("minimum")(ctx, out, high)
         return out
     compute = compute_dtype(result)
     load = broadcast_loader(x, x.size, compute)
@@ -200,12 +193,12 @@ def _cast(x: Value, dtype: torch.dtype) -> Value:
 
 
 @register(prims.convert_element_type.default)
-def convert_element_type(x: Value, dtype: torch.dtype) -> Value:
+def convert_element_type(ctx: LoweringContext, x: Value, dtype: torch.dtype) -> Value:
     return _cast(x, dtype)
 
 
 @register(aten._to_copy.default)
-def to_copy(x: Value, *, dtype: Any = None, layout: Any = None, device: Any = None,
+def to_copy(ctx: LoweringContext, x: Value, *, dtype: Any = None, layout: Any = None, device: Any = None,
             pin_memory: Any = None, non_blocking: bool = False, memory_format: Any = None) -> Value:
     if device is not None and torch.device(device) != x.device:
         raise NotLowerable("device copies run as ATen calls")
@@ -213,12 +206,12 @@ def to_copy(x: Value, *, dtype: Any = None, layout: Any = None, device: Any = No
 
 
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
-def clone(x: Value, *, memory_format: Any = None) -> Value:
+def clone(ctx: LoweringContext, x: Value, *, memory_format: Any = None) -> Value:
     """A functional graph never observes the difference between a value and its copy, so a
     clone costs nothing until something realizes it. Its layout is observable, though: a
     clone of a view with other strides (``x.unsqueeze(2).expand(...).clone()``, stride 0)
     becomes a lazy copy, which a graph output realizes with eager's strides."""
-    val = node_value()
+    val = ctx.value
     if isinstance(x, StorageView) and isinstance(val, torch.Tensor) and len(val.shape) == len(x.size):
         try:
             expected = [int(s) for s in val.stride()]
@@ -230,19 +223,19 @@ def clone(x: Value, *, memory_format: Any = None) -> Value:
 
 
 @register(aten.copy.default)
-def copy(destination: Value, source: Value, non_blocking: bool = False) -> Value:
+def copy(ctx: LoweringContext, destination: Value, source: Value, non_blocking: bool = False) -> Value:
     return _cast(Pointwise(destination.size, source.dtype, destination.device,
                            broadcast_loader(source, destination.size, source.dtype)), destination.dtype)
 
 
 @register(aten.lerp.Scalar, aten.lerp.Tensor)
-def lerp(start: Value, end: Value, weight: Any) -> Value:
-    difference = make_pointwise("sub")(end, start)
-    return make_pointwise("add")(start, make_pointwise("mul")(weight, difference))
+def lerp(ctx: LoweringContext, start: Value, end: Value, weight: Any) -> Value:
+    difference = make_pointwise("sub")(ctx, end, start)
+    return make_pointwise("add")(ctx, start, make_pointwise("mul")(ctx, weight, difference))
 
 
 @register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
-def masked_fill(x: Value, mask: Value, value: Any) -> Value:
+def masked_fill(ctx: LoweringContext, x: Value, mask: Value, value: Any) -> Value:
     if isinstance(value, Value):
         value = _cast(value, x.dtype)
-    return where(mask, value, x)
+    return where(ctx, mask, value, x)

@@ -11,13 +11,12 @@ import torch
 from ...config import config
 from ..ir import Pointwise, StorageView, Value, contiguous_strides, product
 from ..ops import ops
-from .registry import (NotLowerable, compute_dtype, current_graph, normalize_dim, register,
-                       result_dtype)
+from .registry import LoweringContext, NotLowerable, compute_dtype, normalize_dim, register
 
 aten = torch.ops.aten
 
 
-def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_type: str,
+def reduce(ctx: LoweringContext, x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_type: str,
            out_dtype: torch.dtype, source_dtype: torch.dtype) -> Value:
     """Reduce ``x`` over ``dims`` (None or [] = all) with ``reduction_type``."""
     rank = len(x.size)
@@ -42,11 +41,11 @@ def reduce(x: Value, dims: Optional[Sequence[int]], keepdim: bool, reduction_typ
 
     splits = _split_count(int(product(ranges)), int(product(reduction_ranges)), reduction_type)
     if splits > 1:
-        out = _split_reduction(ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype,
+        out = _split_reduction(ctx.graph, ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype,
                                x.device, splits)
     else:
-        out = current_graph().add_reduction(ranges, reduction_ranges, reduction_type, value_at,
-                                            source_dtype, out_dtype, x.device)
+        out = ctx.graph.add_reduction(ranges, reduction_ranges, reduction_type, value_at,
+                                      source_dtype, out_dtype, x.device)
     if keepdim:
         # the kept dims of a reduction's buffer are contiguous; the size-1 dims get the strides
         # eager gives them, so a graph output (or a view's base) has eager's exact layout
@@ -74,7 +73,7 @@ def _split_count(numel: int, rnumel: int, reduction_type: str) -> int:
     return splits
 
 
-def _split_reduction(ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype, device,
+def _split_reduction(graph: Any, ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype, device,
                      splits: int) -> StorageView:
     """reduce(x) over R elements -> reduce over ``splits`` partials of R/splits elements each::
 
@@ -87,7 +86,6 @@ def _split_reduction(ranges, reduction_ranges, reduction_type, value_at, source_
     def partial_value(index, rindex):
         flat = index[0] * piece + rindex[0]
         return value_at(index[1:], _unflatten(flat, reduction_ranges))
-    graph = current_graph()
     partial = graph.add_reduction([sympy.Integer(splits)] + list(ranges), [sympy.Integer(piece)], reduction_type,
                                   partial_value, source_dtype, source_dtype, device)
     load = partial.make_loader()
@@ -127,26 +125,26 @@ def _dims_arg(dims: Any) -> Optional[list[int]]:
 
 
 @register(aten.sum.dim_IntList, aten.sum.default)
-def sum_(x: Value, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
-    out = result_dtype(dtype or x.dtype)
-    return reduce(x, _dims_arg(dims), keepdim, "sum", out, compute_dtype(out))
+def sum_(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
+    out = ctx.result_dtype(dtype or x.dtype)
+    return reduce(ctx, x, _dims_arg(dims), keepdim, "sum", out, compute_dtype(out))
 
 
 @register(aten.prod.dim_int, aten.prod.default)
-def prod(x: Value, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
-    out = result_dtype(dtype or x.dtype)
-    return reduce(x, _dims_arg(dim), keepdim, "prod", out, compute_dtype(out))
+def prod(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
+    out = ctx.result_dtype(dtype or x.dtype)
+    return reduce(ctx, x, _dims_arg(dim), keepdim, "prod", out, compute_dtype(out))
 
 
 @register(aten.mean.dim, aten.mean.default)
-def mean(x: Value, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
-    out = result_dtype(dtype or x.dtype)
+def mean(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Value:
+    out = ctx.result_dtype(dtype or x.dtype)
     if not out.is_floating_point:
         raise NotLowerable("mean of an integer tensor")
     rank = len(x.size)
     dims = _dims_arg(dims) or list(range(rank))
     count = int(product([x.size[normalize_dim(d, rank)] for d in dims])) if rank else 1
-    total = reduce(x, dims, keepdim, "sum", compute_dtype(out), compute_dtype(out))
+    total = reduce(ctx, x, dims, keepdim, "sum", compute_dtype(out), compute_dtype(out))
     return _divide(total, count, out)
 
 
@@ -161,44 +159,38 @@ def _cast(value, dtype, source):
 
 
 @register(aten.amax.default, aten.amin.default)
-def amax_amin(x: Value, dims: Any = (), keepdim: bool = False) -> Value:
-    kind = "max" if current_op() is aten.amax.default else "min"
-    return reduce(x, _dims_arg(dims), keepdim, kind, x.dtype, compute_dtype(x.dtype))
-
-
-def current_op():
-    from .registry import current_node
-
-    return current_node().target
+def amax_amin(ctx: LoweringContext, x: Value, dims: Any = (), keepdim: bool = False) -> Value:
+    kind = "max" if ctx.op is aten.amax.default else "min"
+    return reduce(ctx, x, _dims_arg(dims), keepdim, kind, x.dtype, compute_dtype(x.dtype))
 
 
 @register(aten.max.default, aten.min.default)
-def max_min_all(x: Value) -> Value:
-    kind = "max" if current_op() is aten.max.default else "min"
-    return reduce(x, None, False, kind, x.dtype, compute_dtype(x.dtype))
+def max_min_all(ctx: LoweringContext, x: Value) -> Value:
+    kind = "max" if ctx.op is aten.max.default else "min"
+    return reduce(ctx, x, None, False, kind, x.dtype, compute_dtype(x.dtype))
 
 
 @register(aten.max.dim, aten.min.dim)
-def max_min_dim(x: Value, dim: int, keepdim: bool = False) -> tuple:
-    kind = "max" if current_op() is aten.max.dim else "min"
-    values = reduce(x, [dim], keepdim, kind, x.dtype, compute_dtype(x.dtype))
-    indices = reduce(x, [dim], keepdim, "arg" + kind, torch.int64, compute_dtype(x.dtype))
+def max_min_dim(ctx: LoweringContext, x: Value, dim: int, keepdim: bool = False) -> tuple:
+    kind = "max" if ctx.op is aten.max.dim else "min"
+    values = reduce(ctx, x, [dim], keepdim, kind, x.dtype, compute_dtype(x.dtype))
+    indices = reduce(ctx, x, [dim], keepdim, "arg" + kind, torch.int64, compute_dtype(x.dtype))
     return values, indices
 
 
 @register(aten.argmax.default, aten.argmin.default)
-def argmax_argmin(x: Value, dim: Any = None, keepdim: bool = False) -> Value:
-    kind = "argmax" if current_op() is aten.argmax.default else "argmin"
+def argmax_argmin(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
+    kind = "argmax" if ctx.op is aten.argmax.default else "argmin"
     if x.dtype == torch.bool:
         raise NotLowerable("argmax/argmin of bool: eager has no kernel for it and raises")
     if dim is None and keepdim:
         raise NotLowerable("argmax over all dims with keepdim")
-    return reduce(x, _dims_arg(dim), keepdim, kind, torch.int64, compute_dtype(x.dtype))
+    return reduce(ctx, x, _dims_arg(dim), keepdim, kind, torch.int64, compute_dtype(x.dtype))
 
 
 @register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
-def any_all(x: Value, dims: Any = None, keepdim: bool = False) -> Value:
-    kind = "max" if "any" in str(current_op()) else "min"
+def any_all(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False) -> Value:
+    kind = "max" if "any" in str(ctx.op) else "min"
     load, source = x.make_loader(), x.dtype
     truth = Pointwise(x.size, torch.bool, x.device,
                       lambda index: ops.ne(load(index), ops.constant(0, compute_dtype(source))))
@@ -211,11 +203,11 @@ def any_all(x: Value, dims: Any = None, keepdim: bool = False) -> Value:
     as_int = Pointwise(x.size, torch.int32, x.device,
                        lambda index: ops.to_dtype(truth.make_loader()(index), torch.int32, torch.bool))
     # any/all of uint8 return uint8 (eager's legacy rule), of anything else bool
-    return reduce(as_int, _dims_arg(dims), keepdim, kind, result_dtype(torch.bool), torch.int32)
+    return reduce(ctx, as_int, _dims_arg(dims), keepdim, kind, ctx.result_dtype(torch.bool), torch.int32)
 
 
 @register(aten.var.correction, aten.var_mean.correction)
-def var(x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+def var(ctx: LoweringContext, x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
     """Two reductions over the same rows (mean, then squared deviations); the scheduler puts
     both in one kernel, so a row is read from memory once."""
     out = x.dtype
@@ -226,8 +218,8 @@ def var(x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = F
     dims = _dims_arg(dims) or list(range(rank))
     count = int(product([x.size[normalize_dim(d, rank)] for d in dims])) if rank else 1
     correction = 1 if correction is None else correction
-    average = _divide(reduce(x, dims, True, "sum", compute, compute), count, compute)
-    average = current_graph().realize(average)
+    average = _divide(reduce(ctx, x, dims, True, "sum", compute, compute), count, compute)
+    average = ctx.realize(average)
     load_x, load_mean = x.make_loader(), average.make_loader()
     mean_size = average.size
 
@@ -236,18 +228,18 @@ def var(x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = F
                            load_mean([i if n != 1 else sympy.Integer(0) for i, n in zip(index, mean_size)]))
         return ops.mul(centered, centered)
     deviations = Pointwise(x.size, compute, x.device, squared_deviation)
-    total = reduce(deviations, dims, keepdim, "sum", compute, compute)
+    total = reduce(ctx, deviations, dims, keepdim, "sum", compute, compute)
     variance = _divide(total, max(count - correction, 0), out)
-    if current_op() is aten.var_mean.correction:
-        mean_out = average if keepdim else reduce_view_squeeze(average, dims)
+    if ctx.op is aten.var_mean.correction:
+        mean_out = average if keepdim else reduce_view_squeeze(ctx, average, dims)
         from .pointwise import _cast as cast_value
 
         return variance, cast_value(mean_out, out)
     return variance
 
 
-def reduce_view_squeeze(x: Value, dims: Sequence[int]) -> Value:
+def reduce_view_squeeze(ctx: LoweringContext, x: Value, dims: Sequence[int]) -> Value:
     from .views import squeeze
 
-    return squeeze(x, [normalize_dim(d, len(x.size)) for d in dims])
+    return squeeze(ctx, x, [normalize_dim(d, len(x.size)) for d in dims])
 

@@ -1,8 +1,7 @@
 """The table of lowerings (ATen op -> function building loop IR) and helpers they share."""
 from __future__ import annotations
 
-import contextlib
-import threading
+import dataclasses
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import sympy
@@ -32,43 +31,51 @@ def register(*ops_: Any) -> Callable[[Callable], Callable]:
     return decorate
 
 
-# --- the FX node being lowered (lowerings read its metadata for result dtypes and shapes) ----
+# --- what a lowering knows besides its arguments ------------------------------------------
 
-_context = threading.local()
+@dataclasses.dataclass(frozen=True)
+class LoweringContext:
+    """Handed to every lowering as its first argument: the FX node being lowered (its fake
+    value says the result's dtype, shape and device) and the graph being built, for the few
+    lowerings that must give a value a buffer of its own (``realize``) or add a reduction."""
 
+    node: torch.fx.Node
+    graph: Any  # GraphLowering
 
-@contextlib.contextmanager
-def lowering_node(node: torch.fx.Node, graph: Any):
-    previous = getattr(_context, "state", None)
-    _context.state = (node, graph)
-    try:
-        yield
-    finally:
-        _context.state = previous
+    @property
+    def op(self) -> Any:
+        return self.node.target
 
+    @property
+    def value(self) -> Any:
+        """The fake value the node produced (a tensor, or a tuple of them)."""
+        return self.node.meta.get("val")
 
-def current_node() -> torch.fx.Node:
-    return _context.state[0]
+    def result_dtype(self, default: Optional[torch.dtype] = None) -> torch.dtype:
+        val = self.value
+        if isinstance(val, torch.Tensor):
+            return val.dtype
+        if isinstance(val, (tuple, list)) and val and isinstance(val[0], torch.Tensor):
+            return val[0].dtype
+        if default is None:
+            raise NotLowerable("no dtype known for the node's result")
+        return default
 
+    def device(self, *args: Any) -> torch.device:
+        """The device of the first tensor among ``args`` (lists searched), else the node's."""
+        for arg in args:
+            if isinstance(arg, Value):
+                return arg.device
+            if isinstance(arg, (list, tuple)):
+                for item in arg:
+                    if isinstance(item, Value):
+                        return item.device
+        if isinstance(self.value, torch.Tensor):
+            return self.value.device
+        raise NotLowerable("cannot tell the device")
 
-def current_graph() -> Any:
-    return _context.state[1]
-
-
-def node_value() -> Any:
-    """The fake value the current node produced (a tensor, or a tuple of them)."""
-    return current_node().meta.get("val")
-
-
-def result_dtype(default: Optional[torch.dtype] = None) -> torch.dtype:
-    val = node_value()
-    if isinstance(val, torch.Tensor):
-        return val.dtype
-    if isinstance(val, (tuple, list)) and val and isinstance(val[0], torch.Tensor):
-        return val[0].dtype
-    if default is None:
-        raise NotLowerable("no dtype known for the node's result")
-    return default
+    def realize(self, value: Value, stride_hint: Optional[list] = None) -> Any:
+        return self.graph.realize(value, stride_hint)
 
 
 # --- dtypes --------------------------------------------------------------------------------
@@ -132,20 +139,6 @@ def to_dtype(value: Value, dtype: torch.dtype) -> Value:
         return value
     loader, source = value.make_loader(), value.dtype
     return Pointwise(value.size, dtype, value.device, lambda index: ops.to_dtype(loader(index), dtype, source))
-
-
-def device_of(*args: Any) -> torch.device:
-    for arg in args:
-        if isinstance(arg, Value):
-            return arg.device
-        if isinstance(arg, (list, tuple)):
-            for item in arg:
-                if isinstance(item, Value):
-                    return item.device
-    val = node_value()
-    if isinstance(val, torch.Tensor):
-        return val.device
-    raise NotLowerable("cannot tell the device")
 
 
 def normalize_dim(dim: int, rank: int) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from ..ir import (ModularIndexing, Pointwise, StorageView, Value, contiguous_strides, product,
                   strided_index, sympify_size)
-from .registry import NotLowerable, current_graph, normalize_dim, register, static_ints
+from .registry import LoweringContext, NotLowerable, normalize_dim, register, static_ints
 
 aten = torch.ops.aten
 
@@ -41,7 +41,7 @@ def _meta_view(x: StorageView, method: str, *args: Any) -> StorageView:
 
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-def view(x: Value, size: Sequence[Any]) -> Value:
+def view(ctx: LoweringContext, x: Value, size: Sequence[Any]) -> Value:
     size = static_ints(size)
     total = int(product(x.size))
     if -1 in size:
@@ -53,7 +53,7 @@ def view(x: Value, size: Sequence[Any]) -> Value:
         except RuntimeError:
             pass  # not expressible as strides: fall through to an index remap
     new_size = sympify_size(size)
-    return remap(x, new_size, _reshape_index_map(x.size, new_size), lambda base: view(base, size))
+    return remap(x, new_size, _reshape_index_map(x.size, new_size), lambda base: view(ctx, base, size))
 
 
 def _reshape_index_map(old_size, new_size):
@@ -96,30 +96,30 @@ def _reshape_index_map(old_size, new_size):
 
 
 @register(aten.permute.default)
-def permute(x: Value, dims: Sequence[int]) -> Value:
+def permute(ctx: LoweringContext, x: Value, dims: Sequence[int]) -> Value:
     dims = [normalize_dim(d, len(x.size)) for d in dims]
     if isinstance(x, StorageView):
         return StorageView(x.buffer, [x.size[d] for d in dims], [x.stride[d] for d in dims], x.offset)
     inverse = [dims.index(d) for d in range(len(dims))]
     return remap(x, [x.size[d] for d in dims], lambda index: [index[inverse[d]] for d in range(len(dims))],
-                 lambda base: permute(base, dims))
+                 lambda base: permute(ctx, base, dims))
 
 
 @register(aten.transpose.int)
-def transpose(x: Value, a: int, b: int) -> Value:
+def transpose(ctx: LoweringContext, x: Value, a: int, b: int) -> Value:
     dims = list(range(len(x.size)))
     a, b = normalize_dim(a, len(dims)), normalize_dim(b, len(dims))
     dims[a], dims[b] = dims[b], dims[a]
-    return permute(x, dims)
+    return permute(ctx, x, dims)
 
 
 @register(aten.t.default)
-def t(x: Value) -> Value:
-    return permute(x, list(reversed(range(len(x.size)))))
+def t(ctx: LoweringContext, x: Value) -> Value:
+    return permute(ctx, x, list(reversed(range(len(x.size)))))
 
 
 @register(aten.expand.default)
-def expand(x: Value, size: Sequence[Any], *, implicit: bool = False) -> Value:
+def expand(ctx: LoweringContext, x: Value, size: Sequence[Any], *, implicit: bool = False) -> Value:
     size = static_ints(size)
     skip = len(size) - len(x.size)
     new_size = [x.size[d - skip] if s == -1 else sympy.Integer(s) for d, s in enumerate(size)]
@@ -129,21 +129,21 @@ def expand(x: Value, size: Sequence[Any], *, implicit: bool = False) -> Value:
         return StorageView(x.buffer, new_size, stride, x.offset)
     own = x.size
     return remap(x, new_size, lambda index: [sympy.Integer(0) if own[d] == 1 else index[skip + d]
-                                             for d in range(len(own))], lambda base: expand(base, size))
+                                             for d in range(len(own))], lambda base: expand(ctx, base, size))
 
 
 @register(aten.unsqueeze.default)
-def unsqueeze(x: Value, dim: int) -> Value:
+def unsqueeze(ctx: LoweringContext, x: Value, dim: int) -> Value:
     dim = normalize_dim(dim, len(x.size) + 1)
     if isinstance(x, StorageView):
         return StorageView(x.buffer, x.size[:dim] + [sympy.Integer(1)] + x.size[dim:],
                            x.stride[:dim] + [sympy.Integer(1)] + x.stride[dim:], x.offset)
     return remap(x, x.size[:dim] + [sympy.Integer(1)] + x.size[dim:], lambda index: index[:dim] + index[dim + 1:],
-                 lambda base: unsqueeze(base, dim))
+                 lambda base: unsqueeze(ctx, base, dim))
 
 
 @register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
-def squeeze(x: Value, dims: Any = None) -> Value:
+def squeeze(ctx: LoweringContext, x: Value, dims: Any = None) -> Value:
     rank = len(x.size)
     if dims is None:
         dims = list(range(rank))
@@ -159,11 +159,11 @@ def squeeze(x: Value, dims: Any = None) -> Value:
         for position, d in enumerate(keep):
             full[d] = index[position]
         return full
-    return remap(x, [x.size[d] for d in keep], index_map, lambda base: squeeze(base, sorted(dims)))
+    return remap(x, [x.size[d] for d in keep], index_map, lambda base: squeeze(ctx, base, sorted(dims)))
 
 
 @register(aten.slice.Tensor)
-def slice_(x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+def slice_(ctx: LoweringContext, x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
     dim = normalize_dim(dim, len(x.size))
     length = int(x.size[dim])
     start, end = 0 if start is None else int(start), length if end is None else int(end)
@@ -180,7 +180,7 @@ def slice_(x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int
 
 
 @register(aten.select.int)
-def select(x: Value, dim: int, position: int) -> Value:
+def select(ctx: LoweringContext, x: Value, dim: int, position: int) -> Value:
     dim = normalize_dim(dim, len(x.size))
     position = int(position)
     if position < 0:
@@ -192,30 +192,30 @@ def select(x: Value, dim: int, position: int) -> Value:
 
 
 @register(aten.split.Tensor)
-def split(x: Value, split_size: int, dim: int = 0) -> tuple:
+def split(ctx: LoweringContext, x: Value, split_size: int, dim: int = 0) -> tuple:
     length = int(x.size[normalize_dim(dim, len(x.size))])
     sizes = [min(split_size, length - start) for start in range(0, length, split_size)] or [0]
-    return split_with_sizes(x, sizes, dim)
+    return split_with_sizes(ctx, x, sizes, dim)
 
 
 @register(aten.split_with_sizes.default)
-def split_with_sizes(x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
+def split_with_sizes(ctx: LoweringContext, x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
     out, start = [], 0
     for size in sizes:
-        out.append(slice_(x, dim, start, start + size))
+        out.append(slice_(ctx, x, dim, start, start + size))
         start += size
     return tuple(out)
 
 
 @register(aten.unbind.int)
-def unbind(x: Value, dim: int = 0) -> tuple:
-    return tuple(select(x, dim, i) for i in range(int(x.size[normalize_dim(dim, len(x.size))])))
+def unbind(ctx: LoweringContext, x: Value, dim: int = 0) -> tuple:
+    return tuple(select(ctx, x, dim, i) for i in range(int(x.size[normalize_dim(dim, len(x.size))])))
 
 
 @register(aten.as_strided.default)
-def as_strided(x: Value, size: Sequence[int], stride: Sequence[int], storage_offset: Any = None) -> Value:
+def as_strided(ctx: LoweringContext, x: Value, size: Sequence[int], stride: Sequence[int], storage_offset: Any = None) -> Value:
     """Only on a buffer we own, whose storage starts at its data pointer."""
-    x = current_graph().realize(x)
+    x = ctx.realize(x)
     base_offset = getattr(x.buffer, "storage_offset", 0)
     offset = (int(storage_offset) if storage_offset is not None else base_offset) - base_offset
     if offset < 0:
@@ -224,7 +224,7 @@ def as_strided(x: Value, size: Sequence[int], stride: Sequence[int], storage_off
 
 
 @register(aten.diagonal.default)
-def diagonal(x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+def diagonal(ctx: LoweringContext, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
     rank = len(x.size)
     dim1, dim2 = normalize_dim(dim1, rank), normalize_dim(dim2, rank)
     length = max(0, min(int(x.size[dim1]) - max(-offset, 0), int(x.size[dim2]) - max(offset, 0)))
@@ -262,7 +262,7 @@ _register_copy_variants()
 
 
 @register(aten.repeat.default)
-def repeat(x: Value, repeats: Sequence[int]) -> Value:
+def repeat(ctx: LoweringContext, x: Value, repeats: Sequence[int]) -> Value:
     """Tiling is an index map: element i of a repeated dim reads element i mod size."""
     repeats = static_ints(repeats)
     skip = len(repeats) - len(x.size)
@@ -273,7 +273,7 @@ def repeat(x: Value, repeats: Sequence[int]) -> Value:
 
 
 @register(aten.flip.default)
-def flip(x: Value, dims: Sequence[int]) -> Value:
+def flip(ctx: LoweringContext, x: Value, dims: Sequence[int]) -> Value:
     dims = {normalize_dim(d, len(x.size)) for d in dims}
     size = x.size
     return remap(x, size, lambda index: [size[d] - 1 - index[d] if d in dims else index[d] for d in range(len(size))])
