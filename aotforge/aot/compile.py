@@ -46,7 +46,9 @@ def fake_inputs(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, lis
     fake_mode = detect_fake_mode(flat_args)
     static_shapes = None
     if fake_mode is None:
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic else None, allow_non_fake_inputs=True)
+        # A jagged nested tensor's ragged size is a symbol (a nested int) even in static mode.
+        jagged = any(isinstance(a, torch.Tensor) and a.is_nested for a in flat_args)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic or jagged else None, allow_non_fake_inputs=True)
         static_shapes = not dynamic
     fakes = []
     for arg in flat_args:

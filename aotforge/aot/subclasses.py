@@ -73,6 +73,8 @@ def subclass_signature(value: torch.Tensor, dynamic: bool) -> tuple:
     seen: dict[int, int] = {}
 
     def key(tensor) -> tuple:
+        if not isinstance(tensor, torch.Tensor):
+            return ("constant", tensor)  # an opaque attribute (a DTensor's DeviceMesh)
         if not is_subclass(tensor):
             return (
                 type(tensor), tensor.dtype, tensor.device, tensor.requires_grad,
@@ -118,7 +120,7 @@ def from_functional(value):
 def inner_leaves(value) -> list:
     """The plain tensors inside a subclass (recursively); [value] for a plain value."""
     if not is_subclass(value):
-        return [value]
+        return [value] if isinstance(value, torch.Tensor) else []
     names, _ = value.__tensor_flatten__()
     return [leaf for name in names for leaf in inner_leaves(getattr(value, name))]
 
@@ -189,15 +191,26 @@ class SubclassLayout:
     @property
     def is_static(self) -> bool:
         return all(isinstance(s, int) for s in (*self.size, *self.stride)) and all(
-            child is None or child.is_static for _, child in self.attributes
+            not isinstance(child, SubclassLayout) or child.is_static for _, child in self.attributes
         )
 
     def describe(self) -> str:
-        inner = ", ".join(f"{name}={'tensor' if c is None else c.describe()}" for name, c in self.attributes)
+        inner = ", ".join(
+            f"{name}={c.describe() if isinstance(c, SubclassLayout) else 'tensor' if c is None else 'constant'}"
+            for name, c in self.attributes
+        )
         return f"{self.cls.__name__}({inner}; {self.context!r})"
 
 
 Layout = Optional[SubclassLayout]  # None: one plain value (tensor, SymInt, None, ...)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantAttribute:
+    """A flattened attribute that is not a tensor (a DTensor's DeviceMesh): a constant of
+    the trace, not a graph input; a call must pass an equal one."""
+
+    value: Any
 
 
 def layout_of(value) -> Layout:
@@ -208,7 +221,7 @@ def layout_of(value) -> Layout:
     return SubclassLayout(
         type(value),
         context,
-        tuple((name, layout_of(getattr(value, name))) for name in names),
+        tuple((name, _attribute_layout(getattr(value, name))) for name in names),
         size,
         stride,
         bool(value.requires_grad),
@@ -219,7 +232,13 @@ def layout_of(value) -> Layout:
     )
 
 
+def _attribute_layout(value):
+    return layout_of(value) if isinstance(value, torch.Tensor) else ConstantAttribute(value)
+
+
 def num_leaves(layout: Layout, symints: bool = False) -> int:
+    if isinstance(layout, ConstantAttribute):
+        return 0
     return 1 if layout is None else layout.num_leaves(symints)
 
 
@@ -235,6 +254,13 @@ def flatten(values: Sequence, layouts: Sequence[Layout], *, symints: bool = Fals
 def _flatten_one(value, layout: Layout, out: list, symints: bool) -> None:
     if layout is None:
         out.append(value)
+        return
+    if isinstance(layout, ConstantAttribute):
+        if value is not layout.value and value != layout.value:
+            raise RuntimeError(
+                f"aotforge: a tensor subclass was traced holding {layout.value!r} but this call's "
+                f"holds {value!r}; the compiled graph is specific to it. Recompile for this call."
+            )
         return
     if type(value) is not layout.cls:
         raise RuntimeError(
@@ -274,6 +300,8 @@ def rebuild(leaves: Iterator, layouts: Sequence[Layout], *, sizes: Callable, tra
 
 
 def _rebuild_one(leaves: Iterator, layout: Layout, sizes: Callable, tracing: bool, symints: bool):
+    if isinstance(layout, ConstantAttribute):
+        return layout.value
     if layout is None:
         leaf = next(leaves)
         if tracing and isinstance(leaf, functional.FunctionalTensor):
@@ -340,12 +368,14 @@ def coerce_traced_tangent(tangent):
 
 
 def _contiguous(tensor):
-    return tensor if is_subclass(tensor) or tensor.is_contiguous() else tensor.contiguous()
+    if not isinstance(tensor, torch.Tensor) or is_subclass(tensor) or tensor.is_contiguous():
+        return tensor
+    return tensor.contiguous()
 
 
 def coerce_runtime_tangent(tangent, layout: Layout, position: int):
     """A runtime tangent in the structure the backward was traced with, or a clear error."""
-    if tangent is None or not isinstance(tangent, torch.Tensor):
+    if tangent is None or not isinstance(tangent, torch.Tensor) or isinstance(layout, ConstantAttribute):
         return tangent
     expected = torch.Tensor if layout is None else layout.cls
     context = None if layout is None else layout.context
@@ -472,6 +502,7 @@ class TensorSubclasses:
         # A tangent often shares inner tensors with its output (a jagged tangent's offsets
         # are the input's): each tangent placeholder needs its own fake, or the trace would
         # read the tangent where the forward reads the input.
+        self.tangent_leaf_fakes = [flatten([t], [layout], symints=True) for t, layout in zip(tangents, self.tangent_layouts)]
         seen = {id(a) for a in self.plain_fake_args}
         plain_tangents = []
         for leaf in flatten(tangents, self.tangent_layouts, symints=True):
@@ -529,6 +560,22 @@ class TensorSubclasses:
         forward._boxed_call = True  # type: ignore[attr-defined]
         return forward
 
+    def _materialized_zeros(self, tangent, position: int):
+        """Autograd hands an unused output of the compiled autograd.Function a plain zero
+        tensor, whatever the output's type: rebuild it as a zero subclass tangent. A plain
+        tangent that is not all zeros is left for ``coerce_runtime_tangent`` to reject."""
+        layout = self.tangent_layouts[position]
+        if layout is None or not isinstance(tangent, torch.Tensor) or is_subclass(tangent) or bool(tangent.any()):
+            return tangent
+        leaves = self.tangent_leaf_fakes[position]
+        if not all(isinstance(s, int) for leaf in leaves if isinstance(leaf, torch.Tensor) for s in leaf.shape):
+            raise RuntimeError(_zero_tangent_message(position, layout))
+        zeros = [
+            torch.zeros(tuple(leaf.shape), dtype=leaf.dtype, device=tangent.device) if isinstance(leaf, torch.Tensor) else leaf
+            for leaf in leaves
+        ]
+        return rebuild(iter(zeros), [layout], sizes=traced_sizes, tracing=False, symints=True)[0]
+
     def post_compile_backward(self, compiled: Callable) -> Callable:
         """The compiled backward: ``[*saved, *subclass tangents] -> subclass gradients``."""
         num_tangents = len(self.tangent_layouts)
@@ -540,7 +587,7 @@ class TensorSubclasses:
             saved, tangents = args[:split], args[split:]
             args.clear()
             tangents = [
-                coerce_runtime_tangent(t, layout, position)
+                coerce_runtime_tangent(self._materialized_zeros(t, position), layout, position)
                 for position, (t, layout) in enumerate(zip(tangents, tangent_layouts))
             ]
             grads = call_compiled(compiled, [*saved, *flatten(tangents, tangent_layouts, symints=True)])
@@ -548,6 +595,16 @@ class TensorSubclasses:
 
         backward._boxed_call = True  # type: ignore[attr-defined]
         return backward
+
+
+def _zero_tangent_message(position: int, layout: SubclassLayout) -> str:
+    return (
+        f"aotforge: output {position} (a {layout.cls.__name__}) did not take part in the "
+        "loss, and autograd handed the backward a plain zero tensor for it; aotforge can only "
+        "rebuild a zero gradient of a subclass whose inner tensors have static shapes. Use "
+        "every subclass output in the loss (or detach the ones you do not), or pass its "
+        "gradient explicitly."
+    )
 
 
 def _int_bindings(fakes: Sequence, reals: Sequence) -> dict:
