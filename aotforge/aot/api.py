@@ -18,6 +18,7 @@ from ..partition import default_partition
 from .compile import CompileConfig, compile_flat, is_training_call
 from .guards import autocast_state, check_no_fake_constants, closure_state_fn, constant_key
 from .schemas import AOTConfig
+from .subclasses import subclass_signature
 
 
 def _make_config(
@@ -118,6 +119,13 @@ def _signature(flat_args: Sequence, spec_key, dynamic: bool) -> tuple:
         if isinstance(arg, torch.Tensor):
             requires_grad = arg.requires_grad
             any_requires_grad = any_requires_grad or requires_grad
+            if arg.layout is not torch.strided or arg.is_nested or (
+                type(arg) is not torch.Tensor and hasattr(arg, "__tensor_flatten__")
+            ):
+                # Subclasses, sparse and nested tensors have no data pointer; unsupported
+                # ones are rejected here with a clear error.
+                parts += (subclass_signature(arg, dynamic), objects.setdefault(id(arg), len(objects)))
+                continue
             ptr = arg.untyped_storage().data_ptr()
             parts += (
                 type(arg), arg.dtype, arg.device, arg.layout, requires_grad,

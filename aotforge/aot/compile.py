@@ -21,7 +21,8 @@ from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_po
 from .metadata import collect_metadata
 from .runtime import make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
-from .trace import graph_outputs_fn, make_tangents, trace_forward, trace_joint
+from .subclasses import TensorSubclasses, check_supported_inputs, is_subclass
+from .trace import graph_outputs_fn, joint_fn, make_tangents, trace, trace_forward, trace_joint
 
 
 @dataclasses.dataclass
@@ -45,7 +46,9 @@ def fake_inputs(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, lis
     fake_mode = detect_fake_mode(flat_args)
     static_shapes = None
     if fake_mode is None:
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic else None, allow_non_fake_inputs=True)
+        # A jagged nested tensor's ragged size is a symbol (a nested int) even in static mode.
+        jagged = any(isinstance(a, torch.Tensor) and a.is_nested for a in flat_args)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic or jagged else None, allow_non_fake_inputs=True)
         static_shapes = not dynamic
     fakes = []
     for arg in flat_args:
@@ -66,6 +69,7 @@ def compile_flat(
 
     Returns ``(run, meta, fake_args)`` where ``run(args_list)`` returns the user's flat outputs.
     """
+    check_supported_inputs(flat_args)
     transforms: list = []
     if DedupeInputs.needed(flat_args):
         transforms.append(DedupeInputs(flat_args))
@@ -85,6 +89,12 @@ def compile_flat(
 
     meta, graph_output_fakes = collect(flat_fn, fake_args)
     groups = alias_groups(fake_args, meta)
+    if any(is_subclass(fake_args[i]) for group in groups for i in group):
+        raise NotImplementedError(
+            "aotforge: tensor-subclass inputs that share storage with another input (a view "
+            "passed with its base), where one of them is mutated, are not supported; clone "
+            "one of them before the call."
+        )
     if groups:
         transforms.append(SyntheticBases(groups, fake_args))
         with fake_mode:
@@ -94,41 +104,68 @@ def compile_flat(
     # A training call whose outputs need no gradient is compiled as inference.
     meta.is_training = is_training and any(meta.graph_output_requires_grad())
     graph_fn = graph_outputs_fn(flat_fn, meta)
+    # Tensor subclasses among the inputs or outputs: the graphs see their inner tensors.
+    subclasses = (
+        TensorSubclasses(fake_args, graph_output_fakes)
+        if TensorSubclasses.needed(fake_args, graph_output_fakes)
+        else None
+    )
     if meta.is_training:
-        run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode)
+        run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode, subclasses)
     else:
-        run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode)
+        run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, subclasses, graph_output_fakes)
     return apply_post_compile(run, transforms), meta, original_fake_args
 
 
-def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode) -> Callable:
+def _compile_inference(
+    graph_fn, fake_args, meta, config: AOTConfig, fake_mode, subclasses=None, graph_output_fakes=()
+) -> Callable:
+    traced_fn, traced_args, traced_meta = graph_fn, fake_args, meta
+    if subclasses is not None:
+        traced_fn = subclasses.pre_compile(graph_fn)
+        traced_args, traced_meta = subclasses.plain_fake_args, subclasses.plain_meta(meta)
     with torch.no_grad():
         forward = trace_forward(
-            graph_fn, fake_args, meta, decompositions=config.decompositions, fake_mode=fake_mode,
+            traced_fn, traced_args, traced_meta, decompositions=config.decompositions, fake_mode=fake_mode,
             functionalize=not getattr(config, "disable_functionalization", False),
         )
     check_graph_constants(forward, grad_enabled=torch.is_grad_enabled())
     debug.graph_artifact("graphs", f"{config.name}_inference", forward)
     with torch.no_grad():
         compiled = config.inference_compiler(forward, _placeholder_values(forward))
+    if subclasses is not None:
+        compiled = subclasses.post_compile(compiled, _output_values(forward))
     return make_inference_runtime(compiled, meta, fake_args)
 
 
-def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode):
+def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode, subclasses=None):
+    user_meta, user_fake_args = meta, fake_args  # what the runtime sees (subclass level)
     tangents = make_tangents(graph_output_fakes, meta)
+    functionalize = not getattr(config, "disable_functionalization", False)
+    static_inputs = list(config.static_input_indices)
     with torch.enable_grad():
-        joint = trace_joint(
-            graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode,
-            functionalize=not getattr(config, "disable_functionalization", False),
-        )
+        if subclasses is None:
+            joint = trace_joint(
+                graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode,
+                functionalize=functionalize,
+            )
+        else:
+            with fake_mode:
+                plain_joint, tangents = subclasses.pre_compile_joint(joint_fn(graph_fn, meta), tangents)
+            fake_args, meta = subclasses.plain_fake_args, subclasses.plain_meta(meta)
+            static_inputs = subclasses.plain_indices(static_inputs)
+            joint = trace(
+                plain_joint, [list(fake_args), list(tangents)], decompositions=config.decompositions,
+                fake_mode=fake_mode, functionalize=functionalize,
+            )
     check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
-    num_outputs = meta.num_graph_outputs
+    num_outputs = meta.num_graph_outputs if subclasses is None else subclasses.num_plain_outputs
     forward, backward = config.partition_fn(
         joint,
         [*fake_args, *tangents],
         num_fwd_outputs=num_outputs,
-        static_lifetime_input_indices=list(config.static_input_indices),
+        static_lifetime_input_indices=static_inputs,
     )
     debug.graph_artifact("graphs", f"{config.name}_forward", forward)
     debug.graph_artifact("graphs", f"{config.name}_backward", backward)
@@ -141,6 +178,11 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     with torch.no_grad():
         compiled_forward = config.fw_compiler(forward, _placeholder_values(forward))
     bw_compiler = _under_current_patches(config.bw_compiler)
+    if subclasses is not None:
+        # The runtime (autograd.Function) and its epilogue work on the caller's subclasses.
+        compiled_forward = subclasses.post_compile(compiled_forward, _output_values(forward)[:num_outputs])
+        bw_compiler = _wrapped_compiler(bw_compiler, subclasses.post_compile_backward)
+        meta, fake_args = user_meta, user_fake_args
     if config.compile_backward_now:
         with torch.no_grad():
             compiled_backward = bw_compiler(backward, _placeholder_values(backward))
@@ -193,6 +235,14 @@ def _placeholder_values(gm: fx.GraphModule) -> list:
 def _output_values(gm: fx.GraphModule) -> list:
     (output,) = gm.graph.find_nodes(op="output")
     return [n.meta.get("val") if isinstance(n, fx.Node) else n for n in output.args[0]]
+
+
+def _wrapped_compiler(compiler: Callable, wrap: Callable) -> Callable:
+    """``compiler`` whose compiled callable is passed through ``wrap``."""
+
+    def compile_and_wrap(gm, example_inputs):
+        return wrap(compiler(gm, example_inputs))
+    return compile_and_wrap
 
 
 def _under_current_patches(compiler: Callable) -> Callable:

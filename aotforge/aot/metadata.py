@@ -12,15 +12,14 @@ from torch._dispatch.python import enable_python_dispatcher
 from .functional import (
     FunctionalTensorMode,
     below_functionalization,
-    from_functional,
     has_data_mutation,
     has_metadata_mutation,
     mutations_hidden_from_autograd,
     mutations_under_no_grad,
     storage_ref,
-    to_functional,
 )
 from .schemas import InputInfo, OutputInfo, OutputKind, StridedLayout, ViewAndMutationMeta
+from .subclasses import from_functional, is_subclass, subclass_input_info, to_functional
 from .view_replay import ViewReplay, record_view_replay
 
 
@@ -68,8 +67,10 @@ def collect_metadata(
             grad_fns_before = [getattr(a, "grad_fn", None) for a in functional_args]
             outputs = list(flat_fn(*functional_args))
             input_info = [
-                _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
-                for f_arg, arg, grad_fn_before in zip(functional_args, fake_args, grad_fns_before)
+                subclass_input_info(index, f_arg, arg, grad_fn_before, _STORAGE_SWAP_MESSAGE)
+                if is_subclass(arg)
+                else _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
+                for index, (f_arg, arg, grad_fn_before) in enumerate(zip(functional_args, fake_args, grad_fns_before))
             ]
             output_info, bases, view_replays, custom = _output_info(outputs, functional_args, storages)
             meta = ContractMeta(

@@ -13,6 +13,7 @@ import torch.fx as fx
 from torch._C._autograd import CreationMeta, _set_creation_meta
 
 from .boxing import call_compiled
+from .subclasses import is_subclass
 from .schemas import InputInfo, OutputKind, StridedLayout, ViewAndMutationMeta, symbol_bindings
 
 
@@ -104,6 +105,8 @@ def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) 
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if is_subclass(a) or is_subclass(b):
+        return a is b  # a wrapper subclass has no data pointer of its own
     return (
         a.data_ptr() == b.data_ptr()
         and a.stride() == b.stride()

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from torch._C._autograd import CreationMeta, _get_creation_meta
 
 from .schemas import StridedLayout, _evaluate, _to_expr
+from .subclasses import is_subclass
 
 _functionalization = getattr(torch._C, "_functionalization", None)
 _get_sequence = getattr(_functionalization, "get_view_meta_sequence", None)
@@ -59,10 +60,15 @@ class ViewReplay:
     # Eager made the view under no_grad: it has no grad_fn (and in-place changes to it are
     # restricted), so it is replayed under no_grad too.
     made_under_no_grad: bool = False
+    # A tensor-subclass output: autograd's record of the view ops applied to the subclass
+    # itself (its inner tensors' ops may differ: a DTensor's local views use local sizes).
+    view_function: Optional[Callable] = dataclasses.field(default=None, compare=False)
 
     def apply(self, base: torch.Tensor, bindings: dict, *, patch_requires_grad: bool = True) -> torch.Tensor:
         with torch.no_grad() if self.made_under_no_grad else contextlib.nullcontext():
-            if self.steps is not None:
+            if self.view_function is not None:
+                view = self.view_function(base)
+            elif self.steps is not None:
                 view = _apply_sequence(base, [_view_meta(step, bindings) for step in self.steps])
             else:
                 view = self._as_strided(base, bindings)
@@ -93,7 +99,7 @@ class ViewReplay:
 def record_view_replay(output: torch.Tensor, base: Optional[torch.Tensor]) -> ViewReplay:
     """The replay of ``output`` (a FunctionalTensor) from ``base`` (the FunctionalTensor it
     was viewed from, or None for an input's own functional storage)."""
-    steps = _relative_steps(output, base)
+    steps = None if is_subclass(output) else _relative_steps(output, base)
     return ViewReplay(
         steps=steps,
         layout=StridedLayout.of(output),
@@ -102,7 +108,20 @@ def record_view_replay(output: torch.Tensor, base: Optional[torch.Tensor]) -> Vi
         is_neg=output.is_neg(),
         requires_grad=bool(output.requires_grad),
         made_under_no_grad=output._is_view() and _get_creation_meta(output) == CreationMeta.NO_GRAD_MODE,
+        view_function=_subclass_view_function(output, base),
     )
+
+
+def _subclass_view_function(output: torch.Tensor, base: Optional[torch.Tensor]) -> Optional[Callable]:
+    """For a subclass output that autograd recorded as a view of ``base``: replay its view
+    ops on a new base (``Tensor._view_func_unsafe``: the checked ``_view_func`` compares the
+    new base with the traced one, a fake tensor). None where that does not apply (plain
+    tensors, another base, symbolic sizes: the replay would reuse the traced SymInts)."""
+    if not is_subclass(output) or base is None or not output._is_view() or output._base is not base:
+        return None
+    if not all(isinstance(s, int) for s in (*output.size(), *output.stride())):
+        return None
+    return getattr(output, "_view_func_unsafe", None)
 
 
 def _relative_steps(output, base) -> Optional[tuple[ViewStep, ...]]:
