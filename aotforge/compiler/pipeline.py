@@ -36,9 +36,6 @@ from .runtime import compile_pool, compiled as runtime
 from .runtime.compiled import CompiledGraph
 from .schedule import analyze_reads, fuse, plan_memory
 
-_local = threading.local()
-
-
 # every open observe() block's list; process-wide, because the backward graph compiles at the
 # first backward call, in autograd's device thread
 _observers: list[list[CompiledGraph]] = []
@@ -82,12 +79,15 @@ class _Stopwatch:
 
 def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                      static_input_idxs: Sequence[int] = (), is_backward: bool = False,
-                     is_inference: bool = False, graph_id: Optional[int] = None, **unused: Any) -> Callable:
-    """Compile one functional ATen graph; returns a boxed callable (``fn(args_list)``)."""
+                     is_inference: bool = False, graph_id: Optional[int] = None,
+                     aot_timings: Optional[dict] = None, **unused: Any) -> Callable:
+    """Compile one functional ATen graph; returns a boxed callable (``fn(args_list)``).
+    ``aot_timings`` (from ``compile_fx``) holds the AOT stages' seconds, reported with the
+    first graph compiled after them."""
     kind = "backward" if is_backward else "inference" if is_inference else "forward"
     if not _has_calls(gm):
         return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, {}))
-    clock = _Stopwatch(_take_aot_timings(kind))
+    clock = _Stopwatch(_take_aot_timings(kind, aot_timings))
     compile_pool.start_if_useful()  # workers boot while this graph is lowered
     with clock("post_grad_passes"):
         _ensure_fake_values(gm, example_inputs)
@@ -211,19 +211,18 @@ def _is_functional(gm: fx.GraphModule) -> bool:
 
 # --- the torch.compile backend -------------------------------------------------------------
 
-def _take_aot_timings(kind: str) -> dict[str, float]:
+def _take_aot_timings(kind: str, aot: Optional[dict]) -> dict[str, float]:
     """The AOT stages' seconds (trace, partition) for the first graph compiled after them."""
-    aot = getattr(_local, "aot_timings", None)
-    if not aot or kind == "backward":
+    if not aot or kind == "backward" or aot.get("taken"):
         return {}
-    _local.aot_timings = None
+    aot["taken"] = True
     timings = {"trace": time.perf_counter() - aot["started"] - aot.get("partition", 0.0)}
     if "partition" in aot:
         timings["partition"] = aot["partition"]
     return timings
 
 
-def _partitioner() -> Callable:
+def _partitioner(aot_timings: dict) -> Callable:
     import aotforge.partition as partition
 
     chosen = getattr(partition, "min_cut_rematerialization_partition", None) or partition.default_partition
@@ -234,9 +233,7 @@ def _partitioner() -> Callable:
             joint = passes.joint_graph_passes(joint)
             return chosen(joint, joint_inputs, **kwargs)
         finally:
-            aot = getattr(_local, "aot_timings", None)
-            if aot is not None:
-                aot["partition"] = time.perf_counter() - started
+            aot_timings["partition"] = aot_timings.get("partition", 0.0) + time.perf_counter() - started
     return partition_with_joint_passes
 
 
@@ -283,18 +280,15 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
     from ..aot import aot_module_simplified
 
     table = select_decomposition_table(decompositions)
-    forward = functools.partial(inner_compile, is_backward=False)
+    aot_timings = {"started": time.perf_counter()}  # trace and partition seconds, for the breakdown
+    forward = functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings)
     backward = functools.partial(inner_compile, is_backward=True)
-    inference = functools.partial(inner_compile, is_inference=True)
-    _local.aot_timings = {"started": time.perf_counter()}
-    try:
-        return aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
-                                     inference_compiler=inference, decompositions=table,
-                                     partition_fn=_partitioner(), keep_inference_input_mutations=True,
-                                     # both graphs' kernels go to the compile pool at once
-                                     compile_backward_now=True)
-    finally:
-        _local.aot_timings = None
+    inference = functools.partial(inner_compile, is_inference=True, aot_timings=aot_timings)
+    return aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
+                                 inference_compiler=inference, decompositions=table,
+                                 partition_fn=_partitioner(aot_timings), keep_inference_input_mutations=True,
+                                 # both graphs' kernels go to the compile pool at once
+                                 compile_backward_now=True)
 
 
 def _returns_tuple(gm: fx.GraphModule) -> bool:
