@@ -26,7 +26,6 @@ def _is_pure(node: fx.Node) -> bool:
 def dead_code_elimination(gm: fx.GraphModule) -> fx.GraphModule:
     """Drop nodes nobody uses (mutating and random ops stay: FX marks them impure)."""
     gm.graph.eliminate_dead_code()
-    gm.recompile()
     return gm
 
 
@@ -49,7 +48,6 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
             gm.graph.erase_node(node)
         else:
             seen[key] = node
-    gm.recompile()
     return gm
 
 
@@ -91,7 +89,6 @@ def functionalize_inplace(gm: fx.GraphModule) -> fx.GraphModule:
         for user in list(mutated.users):
             if user is not node and order[user] > order[node]:
                 user.replace_input_with(mutated, node)
-    gm.recompile()
     return gm
 
 
@@ -101,7 +98,6 @@ def view_to_reshape(gm: fx.GraphModule) -> fx.GraphModule:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is aten.view.default:
             node.target = aten.reshape.default
-    gm.recompile()
     return gm
 
 
@@ -156,7 +152,6 @@ def remove_noops(gm: fx.GraphModule) -> fx.GraphModule:
             continue  # a later view may depend on the copy's layout
         node.replace_all_uses_with(source)
         gm.graph.erase_node(node)
-    gm.recompile()
     return gm
 
 
@@ -196,7 +191,6 @@ def constant_fold(gm: fx.GraphModule, max_numel: int = 4096) -> fx.GraphModule:
         replacement.meta["val"] = node.meta["val"]
         node.replace_all_uses_with(replacement)
     gm.graph.eliminate_dead_code()
-    gm.recompile()
     return gm
 
 
@@ -206,7 +200,6 @@ def remove_identity_modules(gm: fx.GraphModule) -> fx.GraphModule:
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.Identity):
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
-    gm.recompile()
     return gm
 
 
@@ -218,31 +211,33 @@ def remove_unused_lookups(gm: fx.GraphModule) -> fx.GraphModule:
     for node in reversed(list(gm.graph.nodes)):
         if node.op == "call_function" and node.target in (operator.getitem, getattr) and not node.users:
             gm.graph.erase_node(node)
+    return gm
+
+
+def run_passes(gm: fx.GraphModule, graph_passes: tuple) -> fx.GraphModule:
+    """Each pass in order, then one ``recompile``: passes edit ``gm.graph`` and leave its
+    Python code stale, since regenerating it after every pass cost most of their time."""
+    for graph_pass in graph_passes:
+        gm = graph_pass(gm)
     gm.recompile()
     return gm
 
 
 def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the torch-level graph Dynamo hands us, before AOT autograd traces it."""
-    for graph_pass in (remove_identity_modules, remove_unused_lookups):
-        gm = graph_pass(gm)
-    return gm
+    return run_passes(gm, (remove_identity_modules, remove_unused_lookups))
 
 
 def joint_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the joint forward+backward graph, before it is partitioned."""
     from .patterns import apply_pattern_rewrites
 
-    for graph_pass in (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination):
-        gm = graph_pass(gm)
-    return gm
+    return run_passes(gm, (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination))
 
 
 def post_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on each graph about to be compiled, in order."""
     from .patterns import apply_pattern_rewrites
 
-    for graph_pass in (functionalize_inplace, dead_code_elimination, view_to_reshape, remove_noops, apply_pattern_rewrites,
-                       constant_fold, cse, dead_code_elimination):
-        gm = graph_pass(gm)
-    return gm
+    return run_passes(gm, (functionalize_inplace, dead_code_elimination, view_to_reshape, remove_noops,
+                           apply_pattern_rewrites, constant_fold, cse, dead_code_elimination))

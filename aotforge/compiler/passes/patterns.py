@@ -72,5 +72,4 @@ def apply_pattern_rewrites(gm: fx.GraphModule) -> fx.GraphModule:
         node.replace_all_uses_with(replacement)
         gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
-    gm.recompile()
     return gm
