@@ -314,7 +314,8 @@ def signature_change(old: list[str], new: list[str]) -> str:
 _DYNAMO_RECORDS: dict[tuple[str, str], Recorder] = {}
 _RECORDS_BY_OBJECT: "weakref.WeakKeyDictionary[Any, Recorder]" = weakref.WeakKeyDictionary()
 _RESUME_PREFIX = "torch_dynamo_resume_in_"
-_DYNAMO_DIR = os.path.join("torch", "_dynamo", "")
+# Frames Dynamo enters through on the way to the user's code (its wrappers, Module.__call__).
+_HELPER_DIRS = (os.path.join("torch", "_dynamo", ""), os.path.join("torch", "nn", "modules", "module.py"))
 
 
 def _frame_key(code) -> tuple[str, str]:
@@ -322,6 +323,25 @@ def _frame_key(code) -> tuple[str, str]:
     if name.startswith(_RESUME_PREFIX):
         name = name[len(_RESUME_PREFIX):].rsplit("_at_", 1)[0]
     return code.co_filename, name
+
+
+def _is_helper(code) -> bool:
+    return any(part in code.co_filename for part in _HELPER_DIRS)
+
+
+def root_code(codes: list) -> Any:
+    """The user's frame among the codes Dynamo traced for one graph.
+
+    ``codes[0]`` is the frame Dynamo compiled; the functions it inlined follow, each added
+    when its inlining finished (innermost first). When the compiled frame is one of Dynamo's
+    own wrappers (``torch.compile(module)`` enters through one), the user's frame is the
+    outermost inlined function: the last one added, preferring a module's ``forward`` over a
+    hook that ran after it."""
+    if not _is_helper(codes[0]):
+        return codes[0]
+    users = [code for code in codes if not _is_helper(code)]
+    forwards = [code for code in users if code.co_name == "forward"]
+    return (forwards or users or codes)[-1]
 
 
 def dynamo_recorder() -> Optional[Recorder]:
@@ -334,12 +354,10 @@ def dynamo_recorder() -> Optional[Recorder]:
     codes = getattr(context, "traced_code", None) if context is not None else None
     if not codes:
         return None
-    # Dynamo may enter through its own helper frames (external_utils' wrappers); the
-    # user's frame is the first one outside torch/_dynamo.
-    root = next((code for code in codes if _DYNAMO_DIR not in code.co_filename), codes[0])
+    root = root_code(list(codes))
     key = _frame_key(root)
     if key not in _DYNAMO_RECORDS:
-        _DYNAMO_RECORDS[key] = Recorder(key[1])
+        _DYNAMO_RECORDS[key] = Recorder(getattr(root, "co_qualname", key[1]))
     return _DYNAMO_RECORDS[key]
 
 
