@@ -341,6 +341,7 @@ def signature_change(old: CompileRecord, new: CompileRecord) -> str:
 # recompiles add more). Keyed by name so that resume functions after a graph break count.
 _DYNAMO_RECORDS: dict[tuple[str, str], Recorder] = {}
 _RECORDS_BY_OBJECT: "weakref.WeakKeyDictionary[Any, Recorder]" = weakref.WeakKeyDictionary()
+_RECORDS_BY_MODULE: "weakref.WeakKeyDictionary[torch.nn.Module, Recorder]" = weakref.WeakKeyDictionary()
 _RESUME_PREFIX = "torch_dynamo_resume_in_"
 # Frames Dynamo enters through on the way to the user's code (its wrappers, Module.__call__).
 _HELPER_DIRS = (os.path.join("torch", "_dynamo", ""), os.path.join("torch", "nn", "modules", "module.py"))
@@ -383,10 +384,34 @@ def dynamo_recorder() -> Optional[Recorder]:
     if not codes:
         return None
     root = root_code(list(codes))
+    module = _module_being_compiled()
+    if module is not None:
+        # Records per module instance: two models of one class are inspected apart.
+        recorder = _RECORDS_BY_MODULE.get(module)
+        if recorder is None:
+            recorder = _RECORDS_BY_MODULE[module] = Recorder(type(module).__name__, dynamo=True)
+        return recorder
     key = _frame_key(root)
     if key not in _DYNAMO_RECORDS:
         _DYNAMO_RECORDS[key] = Recorder(getattr(root, "co_qualname", key[1]), dynamo=True)
     return _DYNAMO_RECORDS[key]
+
+
+def _module_being_compiled() -> Optional[torch.nn.Module]:
+    """The nn.Module whose forward Dynamo is compiling: the module torch.compile wrapped
+    (Dynamo's wrapper frame holds it as ``fn``), or ``self`` of a forward (or of a forward's
+    resume function after a graph break); None for a plain function."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        frame_locals = InstructionTranslator.current_tx().f_locals
+    except Exception:  # not inside Dynamo, or a torch without this hook
+        return None
+    for name in ("fn", "self"):
+        value = frame_locals.get(name)
+        if isinstance(value, torch.nn.Module):
+            return value
+    return None
 
 
 def attach(obj: Any, recorder: Recorder) -> None:
@@ -431,6 +456,11 @@ def inspect(compiled: Any) -> Inspection:
     target = _dynamo_target(compiled)
     if target is not None:
         original, code = target
+        recorder = _RECORDS_BY_MODULE.get(original) if isinstance(original, torch.nn.Module) else None
+        if recorder is not None:
+            for record in recorder.records:
+                record.guards = record.guards or _dynamo_guards(code)
+            return _inspection(recorder.name, recorder.records)
         if code is None:
             raise TypeError(f"aotforge.inspect: cannot find the code of {original!r}")
         recorder = _DYNAMO_RECORDS.get(_frame_key(code))

@@ -132,3 +132,17 @@ def test_torch_compiled_function_graph_break_records_each_graph():
 def test_things_aotforge_did_not_compile_are_rejected():
     with pytest.raises(TypeError, match="was not compiled by aotforge"):
         aotforge.inspect(f)
+
+
+def test_two_models_of_one_class_are_inspected_apart():
+    torch._dynamo.reset()
+    first, second = Block().double(), torch.nn.Sequential(Block()).double()
+    third = torch.nn.Sequential(torch.nn.Linear(8, 8)).double()
+    compiled = [torch.compile(m, backend="aotforge_eager") for m in (first, second, third)]
+    x = torch.randn(2, 8, dtype=torch.float64)
+    for c, m in zip(compiled, (first, second, third)):
+        torch.testing.assert_close(c(x), m(x))
+    reports = [aotforge.inspect(c) for c in compiled]
+    assert [len(r.records) for r in reports] == [1, 1, 1]
+    assert [r.target for r in reports] == ["Block", "Sequential", "Sequential"]
+    assert "tanh" not in str(reports[2]) and "tanh" in str(reports[1])
