@@ -82,12 +82,15 @@ def _runs_unfused_on_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> b
     return not config.triton_on_cpu and _devices(gm, example_inputs) <= {"cpu"}
 
 
-def _scope_name(recorder, gm: fx.GraphModule) -> tuple[str, Optional[str]]:
+def _compile_scope(recorder, gm: fx.GraphModule):
+    """The debug scope of one Dynamo graph: named after the user's function or module and
+    Dynamo's compile id (the dump folder's name), keeping the id for TORCH_TRACE."""
     compile_id = gm.meta.get("dynamo_compile_id") if hasattr(gm, "meta") else None
     name = recorder.name if recorder is not None else "graph"
-    if compile_id is not None:
-        name = f"{name}_dynamo{str(compile_id).replace('/', '-')}"
-    return name, (str(compile_id) if compile_id is not None else None)
+    if compile_id is None:
+        return debug.compile_scope(name)
+    name = f"{name}_dynamo{str(compile_id).replace('/', '-')}"
+    return debug.compile_scope(name, str(compile_id), dynamo_compile_id=compile_id)
 
 
 def _record(recorder, compiler: Callable, kind: str) -> Callable:
@@ -123,8 +126,7 @@ def aotforge_eager_backend(gm: fx.GraphModule, example_inputs, **kwargs):
 
     patches = config_patches(kwargs.get("mode"), kwargs.get("options"))
     recorder = dynamo_recorder()
-    name, compile_id = _scope_name(recorder, gm)
-    with config.patch(**patches), debug.compile_scope(name, compile_id), _source_lines_kept(gm):
+    with config.patch(**patches), _compile_scope(recorder, gm), _source_lines_kept(gm):
         compiled = aot_module_simplified(
             gm, example_inputs,
             fw_compiler=_record(recorder, boxed_nop, "forward"),
@@ -168,8 +170,7 @@ def _compile(gm: fx.GraphModule, example_inputs, patches: dict, kwargs: dict) ->
                 compiled = verified(reference, compiled, kind=kind, patches=patches)
         return compiled
 
-    name, compile_id = _scope_name(recorder, gm)
-    with debug.compile_scope(name, compile_id), _source_lines_kept(gm):
+    with _compile_scope(recorder, gm), _source_lines_kept(gm):
         compiled = compile_fx(gm, example_inputs, inner_compile=inner_compile, **kwargs)
     return _patched(compiled, patches)
 

@@ -32,6 +32,7 @@ TOPICS: dict[str, str] = {
     "metadata": "which inputs each compile mutates and what each output aliases",
     "partition": "what the min-cut partitioner saves for the backward and what it recomputes",
     "lowering": "ops whose lowering failed (they run as ATen extern calls)",
+    "ir": "the compiler's lowered loop IR, kernel plan and memory plan, per graph",
     "output_code": "generated kernels and the wrapper program",
     "compile": "how torch.compile routed each graph (and why nothing was fused on CPU)",
     "compile_time": "seconds per compile stage, per graph",
@@ -44,6 +45,7 @@ _compile_counter = itertools.count()
 _parsed: dict[str, frozenset] = {}
 _logged_once: set[str] = set()
 _lock = threading.Lock()
+_DYNAMO_PREFIX = "dynamo_graph_"  # the AOT layer's name for graphs handed over by Dynamo
 
 
 def _enabled_topics() -> frozenset:
@@ -78,10 +80,13 @@ def _safe(name: str) -> str:
 class CompileScope:
     """The artifacts of one compile, in order, and its dump folder (made on first write)."""
 
-    def __init__(self, name: str, compile_id: Optional[str] = None):
+    def __init__(self, name: str, compile_id: Optional[str] = None, dynamo_compile_id: Any = None):
         self.index = next(_compile_counter)
         self.name = name
         self.compile_id = compile_id or str(self.index)
+        # Dynamo's CompileId: artifacts emitted after the compile (the first run's timings)
+        # still reach TORCH_TRACE under it, so that tlparse shows them with that compile.
+        self.dynamo_compile_id = dynamo_compile_id
         self.artifacts: list[tuple[str, str, Any]] = []  # (topic, name, text or GraphModule)
         self._folders: dict[str, str] = {}  # per dump dir: AOTFORGE_DUMP_DIR may change meanwhile
         self._file_counter = itertools.count()
@@ -105,6 +110,9 @@ class CompileScope:
     def write(self, name: str, text: str, suffix: str) -> str:
         base = dump_dir()
         assert base is not None
+        # The folder already names the model; graphs from Dynamo are all "dynamo_graph_*".
+        if name.startswith(_DYNAMO_PREFIX) and len(name) > len(_DYNAMO_PREFIX):
+            name = name[len(_DYNAMO_PREFIX):]
         path = os.path.join(self.folder(base), f"{next(self._file_counter):03d}_{_safe(name)}{suffix}")
         with open(path, "w") as handle:
             handle.write(text)
@@ -117,10 +125,11 @@ def current_scope() -> Optional[CompileScope]:
 
 @contextlib.contextmanager
 def compile_scope(name: str, compile_id: Optional[str] = None,
-                  scope: Optional[CompileScope] = None) -> Iterator[CompileScope]:
+                  scope: Optional[CompileScope] = None,
+                  dynamo_compile_id: Any = None) -> Iterator[CompileScope]:
     """Group the artifacts emitted inside the block as one compile (``scope``: re-enter an
     earlier compile's scope, e.g. for its backward compiled later)."""
-    scope = scope if scope is not None else CompileScope(name, compile_id)
+    scope = scope if scope is not None else CompileScope(name, compile_id, dynamo_compile_id)
     previous = current_scope()
     _local.scope = scope
     _local.explicit = getattr(_local, "explicit", 0) + 1
@@ -129,6 +138,14 @@ def compile_scope(name: str, compile_id: Optional[str] = None,
     finally:
         _local.scope = previous
         _local.explicit -= 1
+
+
+def rejoin(scope: Optional[CompileScope]) -> contextlib.AbstractContextManager:
+    """Re-enter ``scope`` (a compile's, saved at compile time) for artifacts emitted later,
+    e.g. timings measured at a compiled graph's first run; nothing if there is none."""
+    if scope is None:
+        return contextlib.nullcontext()
+    return compile_scope(scope.name, scope=scope)
 
 
 def _scope_for(topic: str, name: str) -> CompileScope:
@@ -141,8 +158,10 @@ def _scope_for(topic: str, name: str) -> CompileScope:
     return scope
 
 
-def _trace_structured(kind: str, name: str, payload_fn) -> None:
-    """Send an artifact to TORCH_TRACE (tlparse's input), if this torch has it and it is on."""
+def _trace_structured(kind: str, name: str, payload_fn, scope: Optional[CompileScope] = None) -> None:
+    """Send an artifact to TORCH_TRACE (tlparse's input), if this torch has it and it is on.
+    Inside a Dynamo compile torch adds the compile id itself; after it (a graph's first run)
+    the scope's saved id is passed."""
     try:
         from torch._logging import trace_structured
     except ImportError:  # a torch without structured tracing
@@ -150,10 +169,12 @@ def _trace_structured(kind: str, name: str, payload_fn) -> None:
     metadata = {"name": f"aotforge_{name}"}
     if kind == "artifact":
         metadata["encoding"] = "string"
+    compile_id = getattr(scope, "dynamo_compile_id", None)
+    extra = {"compile_id": compile_id} if compile_id is not None else {}
     try:
         trace_structured(kind, metadata_fn=lambda: metadata, payload_fn=payload_fn,
-                         expect_trace_id=False)
-    except TypeError:  # older signature without expect_trace_id
+                         expect_trace_id=False, **extra)
+    except TypeError:  # older signature without expect_trace_id / compile_id
         trace_structured(kind, metadata_fn=lambda: metadata, payload_fn=payload_fn)
 
 
@@ -166,7 +187,7 @@ def artifact(topic: str, name: str, text: str, suffix: str = ".py") -> None:
         print(f"===== aotforge {topic}: {name} =====\n{text}", file=sys.stderr)
     if dump_dir():
         scope.write(name, text, suffix)
-    _trace_structured("artifact", name, lambda: text)
+    _trace_structured("artifact", name, lambda: text, scope)
 
 
 def user_frame(stack_trace: str) -> str:
@@ -197,7 +218,7 @@ def graph_artifact(topic: str, name: str, gm) -> None:
         print(f"===== aotforge {topic}: {name} =====\n{text}", file=sys.stderr)
     if dump_dir():
         scope.write(name, text, ".py")
-    _trace_structured("graph_dump", name, lambda: text if text is not None else graph_text(gm))
+    _trace_structured("graph_dump", name, lambda: text if text is not None else graph_text(gm), scope)
 
 
 def metrics(name: str, values: dict) -> None:
@@ -217,3 +238,6 @@ def log_once(topic: str, key: str, message: str) -> None:
         print(f"aotforge {topic}: {message}", file=sys.stderr)
     log.info("%s", message)
     _trace_structured("artifact", f"{topic}_{_safe(key)}", lambda: message)
+
+
+_enabled_topics()  # a typo in AOTFORGE_LOG is reported at import, not at the first compile

@@ -153,6 +153,9 @@ class CompileRecord:
     name: str
     number: int  # 0 for the first compile of this object, 1 for its first recompile, ...
     signature: list[str] = dataclasses.field(default_factory=list)
+    # per input: {"dtype", "shape", "device", "requires_grad"} or {"value"}; plus the graph kind
+    signature_parts: list[dict] = dataclasses.field(default_factory=list)
+    kind: str = ""
     recompile_reason: str = ""
     graphs: dict[str, fx.GraphModule] = dataclasses.field(default_factory=dict)
     partition: Optional[Partition] = None
@@ -216,21 +219,27 @@ class Recorder:
     """Collects ``CompileRecord``s for one compiled object by wrapping what it hands down to
     the AOT layer: the partitioner and the forward, backward and inference compilers."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, dynamo: bool = False):
         self.name = name
+        self.dynamo = dynamo  # under torch.compile: Dynamo decides (and logs) recompiles
         self.records: list[CompileRecord] = []
         self._current = threading.local()
 
     # A compile starts at the partitioner (training) or the inference compiler.
-    def start(self, example_inputs: list) -> CompileRecord:
-        record = CompileRecord(self.name, len(self.records))
+    def start(self, example_inputs: list, kind: str) -> CompileRecord:
+        record = CompileRecord(self.name, len(self.records), kind=kind)
         record.signature = [f"input {i}: {_describe_value(v)}" for i, v in enumerate(example_inputs)]
-        if self.records:
-            record.recompile_reason = signature_change(self.records[-1].signature, record.signature)
+        record.signature_parts = [signature_parts(v) for v in example_inputs]
+        record.scope = debug.current_scope()
+        if self.records and self.dynamo:
+            compile_id = record.scope.compile_id if record.scope else "?"
+            record.recompile_reason = (f"Dynamo graph {compile_id}: a graph break or a Dynamo "
+                                       "recompile (TORCH_LOGS=recompiles says why)")
+        elif self.records:
+            record.recompile_reason = signature_change(self.records[-1], record)
             debug.artifact("recompiles", f"{self.name}_recompile_{record.number}",
                            f"{self.name} compiled again ({record.number + 1} compiles): "
                            f"{record.recompile_reason}", suffix=".txt")
-        record.scope = debug.current_scope()
         self.records.append(record)
         self._current.record = record
         return record
@@ -242,7 +251,7 @@ class Recorder:
         @functools.wraps(partition_fn)
         def partition(joint: fx.GraphModule, joint_inputs, *args, **kwargs):
             num_primals = sum(1 for n in _placeholders(joint) if not n.name.startswith("tangents"))
-            record = self.start(list(joint_inputs)[:num_primals])
+            record = self.start(list(joint_inputs)[:num_primals], "training")
             record.graphs["joint"] = joint
             started = time.perf_counter()
             forward, backward = partition_fn(joint, joint_inputs, *args, **kwargs)
@@ -281,7 +290,7 @@ class Recorder:
 
     def _record_for(self, gm: fx.GraphModule, kind: str, example_inputs) -> CompileRecord:
         if kind == "inference":
-            record = self.start(list(example_inputs))
+            record = self.start(list(example_inputs), "inference")
             return record
         if kind == "backward":
             for record in reversed(self.records):
@@ -290,7 +299,7 @@ class Recorder:
         record = self.current()
         if record is None or kind in record.compiled:
             # The partitioner was not wrapped (a custom one under torch.compile): start here.
-            record = self.start(list(example_inputs))
+            record = self.start(list(example_inputs), "training" if kind != "inference" else kind)
         return record
 
 
@@ -298,13 +307,32 @@ def _value(node: fx.Node) -> Any:
     return node.meta.get("val")
 
 
-def signature_change(old: list[str], new: list[str]) -> str:
-    """Which inputs of the signature changed, in words."""
-    if len(old) != len(new):
-        return f"number of inputs {len(old)} -> {len(new)}"
-    changes = [f"{b.split(':')[0]}: {a.split(': ', 1)[1]} -> {b.split(': ', 1)[1]}"
-               for a, b in zip(old, new) if a != b]
-    return "; ".join(changes) or "same input signature (grad mode, autocast or a non-tensor argument changed)"
+def signature_parts(value: Any) -> dict:
+    """The parts of one input a compile specializes on."""
+    if isinstance(value, torch.Tensor):
+        return {"dtype": str(value.dtype), "shape": str(tuple(value.shape)),
+                "device": str(value.device), "requires_grad": value.requires_grad}
+    return {"value": _describe_value(value)}
+
+
+def signature_change(old: CompileRecord, new: CompileRecord) -> str:
+    """Which part of the input signature changed between two compiles, in words::
+
+        input 0 shape (3,) -> (4,); input 1 requires_grad False -> True
+    """
+    changes = []
+    if old.kind != new.kind:
+        changes.append(f"{old.kind} -> {new.kind} graph (grad mode or requires_grad changed)")
+    if len(old.signature_parts) != len(new.signature_parts):
+        changes.append(f"number of graph inputs {len(old.signature_parts)} -> {len(new.signature_parts)}")
+    else:
+        for index, (a, b) in enumerate(zip(old.signature_parts, new.signature_parts)):
+            for part in b:
+                if a.get(part) != b[part]:
+                    changes.append(f"input {index} {part} {a.get(part)} -> {b[part]}")
+    return "; ".join(changes) or (
+        "same tensor signature: a non-tensor argument, the grad mode, autocast, a module's "
+        "mode or attributes, or a global or closure value the function reads changed")
 
 
 # --- torch.compile: records per Dynamo frame ------------------------------------------------
@@ -313,8 +341,10 @@ def signature_change(old: list[str], new: list[str]) -> str:
 # recompiles add more). Keyed by name so that resume functions after a graph break count.
 _DYNAMO_RECORDS: dict[tuple[str, str], Recorder] = {}
 _RECORDS_BY_OBJECT: "weakref.WeakKeyDictionary[Any, Recorder]" = weakref.WeakKeyDictionary()
+_RECORDS_BY_MODULE: "weakref.WeakKeyDictionary[torch.nn.Module, Recorder]" = weakref.WeakKeyDictionary()
 _RESUME_PREFIX = "torch_dynamo_resume_in_"
-_DYNAMO_DIR = os.path.join("torch", "_dynamo", "")
+# Frames Dynamo enters through on the way to the user's code (its wrappers, Module.__call__).
+_HELPER_DIRS = (os.path.join("torch", "_dynamo", ""), os.path.join("torch", "nn", "modules", "module.py"))
 
 
 def _frame_key(code) -> tuple[str, str]:
@@ -322,6 +352,25 @@ def _frame_key(code) -> tuple[str, str]:
     if name.startswith(_RESUME_PREFIX):
         name = name[len(_RESUME_PREFIX):].rsplit("_at_", 1)[0]
     return code.co_filename, name
+
+
+def _is_helper(code) -> bool:
+    return any(part in code.co_filename for part in _HELPER_DIRS)
+
+
+def root_code(codes: list) -> Any:
+    """The user's frame among the codes Dynamo traced for one graph.
+
+    ``codes[0]`` is the frame Dynamo compiled; the functions it inlined follow, each added
+    when its inlining finished (innermost first). When the compiled frame is one of Dynamo's
+    own wrappers (``torch.compile(module)`` enters through one), the user's frame is the
+    outermost inlined function: the last one added, preferring a module's ``forward`` over a
+    hook that ran after it."""
+    if not _is_helper(codes[0]):
+        return codes[0]
+    users = [code for code in codes if not _is_helper(code)]
+    forwards = [code for code in users if code.co_name == "forward"]
+    return (forwards or users or codes)[-1]
 
 
 def dynamo_recorder() -> Optional[Recorder]:
@@ -334,13 +383,35 @@ def dynamo_recorder() -> Optional[Recorder]:
     codes = getattr(context, "traced_code", None) if context is not None else None
     if not codes:
         return None
-    # Dynamo may enter through its own helper frames (external_utils' wrappers); the
-    # user's frame is the first one outside torch/_dynamo.
-    root = next((code for code in codes if _DYNAMO_DIR not in code.co_filename), codes[0])
+    root = root_code(list(codes))
+    module = _module_being_compiled()
+    if module is not None:
+        # Records per module instance: two models of one class are inspected apart.
+        recorder = _RECORDS_BY_MODULE.get(module)
+        if recorder is None:
+            recorder = _RECORDS_BY_MODULE[module] = Recorder(type(module).__name__, dynamo=True)
+        return recorder
     key = _frame_key(root)
     if key not in _DYNAMO_RECORDS:
-        _DYNAMO_RECORDS[key] = Recorder(key[1])
+        _DYNAMO_RECORDS[key] = Recorder(getattr(root, "co_qualname", key[1]), dynamo=True)
     return _DYNAMO_RECORDS[key]
+
+
+def _module_being_compiled() -> Optional[torch.nn.Module]:
+    """The nn.Module whose forward Dynamo is compiling: the module torch.compile wrapped
+    (Dynamo's wrapper frame holds it as ``fn``), or ``self`` of a forward (or of a forward's
+    resume function after a graph break); None for a plain function."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        frame_locals = InstructionTranslator.current_tx().f_locals
+    except Exception:  # not inside Dynamo, or a torch without this hook
+        return None
+    for name in ("fn", "self"):
+        value = frame_locals.get(name)
+        if isinstance(value, torch.nn.Module):
+            return value
+    return None
 
 
 def attach(obj: Any, recorder: Recorder) -> None:
@@ -385,6 +456,11 @@ def inspect(compiled: Any) -> Inspection:
     target = _dynamo_target(compiled)
     if target is not None:
         original, code = target
+        recorder = _RECORDS_BY_MODULE.get(original) if isinstance(original, torch.nn.Module) else None
+        if recorder is not None:
+            for record in recorder.records:
+                record.guards = record.guards or _dynamo_guards(code)
+            return _inspection(recorder.name, recorder.records)
         if code is None:
             raise TypeError(f"aotforge.inspect: cannot find the code of {original!r}")
         recorder = _DYNAMO_RECORDS.get(_frame_key(code))

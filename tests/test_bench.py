@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
 import pytest
@@ -79,7 +80,10 @@ def test_quick_cpu_smoke_run(tmp_path, capsys):
                  "--repeat", "3", "--json", str(path)])
     assert code == 0
     out = capsys.readouterr().out
-    assert "| workload | mode | backend | status | median ms | speedup | vs inductor |" in out
+    assert "| workload | mode | backend | status | median ms | spread | speedup | vs inductor |" in out
+    assert "GB/s" not in out  # no bandwidth on CPU
+    assert re.search(r"\| mlp \| train \| eager \| OK \| [0-9.]+ \| ±\d+% \|", out), out
+    assert f"{torch.get_num_threads()} threads (pinned)" in out
     payload = json.loads(path.read_text())
     assert payload["meta"]["device"] == "cpu" and payload["meta"]["quick"] is True
     results = by_key(payload["results"])
@@ -214,3 +218,9 @@ def test_a_backend_past_its_timeout_fails_and_the_run_goes_on():
     assert time.monotonic() - start < 20
     assert results[0].status == "FAILED" and "did not finish within 1 s" in results[0].reason
     assert results[1].status == "OK" and results[1].median_ms > 0
+
+
+def test_spread_is_half_the_interquartile_range_over_the_median():
+    assert report.spread([10.0]) is None
+    assert report.spread([9.0, 10.0, 11.0]) == pytest.approx(0.05)
+    assert report.spread([10.0, 10.0, 10.0, 50.0]) == pytest.approx(0.5)  # one outlier

@@ -187,7 +187,9 @@ def aot_function(
             raise RuntimeError(
                 f"aotforge: {config.name} was compiled {len(cache)} times (cache_size_limit). "
                 "Its inputs keep changing shape, dtype, device or requires_grad; pass "
-                "dynamic=True for changing shapes, or raise aotforge.config.cache_size_limit."
+                "dynamic=True for changing shapes, or raise aotforge.config.cache_size_limit. "
+                "AOTFORGE_LOG=recompiles prints what changed at each compile; "
+                "aotforge.inspect(compiled) lists them."
             )
         traced_positions = [i for i, a in enumerate(flat_args) if _is_traced(a)]
         constants = list(flat_args)

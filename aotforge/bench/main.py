@@ -142,11 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
         backend_timeout=args.backend_timeout,
     )
+    if device.type == "cpu":
+        # Pinned for the whole run, so that every backend's steps use the same thread pool.
+        torch.set_num_threads(torch.get_num_threads())
     meta = describe_environment(device)
     meta.update(dtype=args.dtype, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
                 backends=args.backends, modes=args.modes)
     copy_bytes_per_s = None
-    if any(w.suite == "micro" for w in workloads):
+    if device.type == "cuda" and any(w.suite == "micro" for w in workloads):
         numel = 2**20 if args.quick else 2**26
         copy_bytes_per_s = runner.measure.copy_bandwidth(device, dtype, numel)
         meta["copy_GBps"] = round(copy_bytes_per_s / 1e9, 1)
@@ -160,10 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     memory = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak resident set size of the process"
-    print(f"\n## {meta['date']}: {meta.get('gpu', meta.get('cpu'))}, torch {meta['torch']}, {args.dtype}"
+    threads = f", {meta['threads']} threads (pinned)" if "threads" in meta else ""
+    print(f"\n## {meta['date']}: {meta.get('gpu', meta.get('cpu'))}{threads}, torch {meta['torch']}, {args.dtype}"
           f"{', quick sizes' if args.quick else ''}\n")
-    print(report.table(results))
-    print("\n" + report.LEGEND.format(memory=memory))
+    gpu = device.type == "cuda"
+    print(report.table(results, bandwidth=gpu))
+    print("\n" + report.LEGEND.format(memory=memory) + (report.LEGEND_BANDWIDTH if gpu else ""))
     report.write_json(json_path, meta, results)
     written = [str(json_path)]
     chart = json_path.with_suffix(".png")

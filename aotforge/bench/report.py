@@ -10,9 +10,25 @@ from typing import Any, Sequence
 from aotforge.bench.runner import Result
 
 COLUMNS = (
-    "workload", "mode", "backend", "status", "median ms", "speedup", "vs inductor",
+    "workload", "mode", "backend", "status", "median ms", "spread", "speedup", "vs inductor",
     "first call s", "peak MiB", "graphs", "GB/s (of copy)", "note",
 )
+BANDWIDTH = "GB/s (of copy)"  # left out on CPU: a copy there is no ceiling for a step's bytes
+
+
+def spread(times_ms: Sequence[float]) -> float | None:
+    """Half the interquartile range over the median, as a fraction: how much the repeats
+    of one row disagree (0.05 reads as +-5%)."""
+    if len(times_ms) < 2:
+        return None
+    ordered = sorted(times_ms)
+    def quantile(q: float) -> float:
+        position = q * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    middle = quantile(0.5)
+    return (quantile(0.75) - quantile(0.25)) / 2 / middle if middle else None
 
 
 def _number(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -37,25 +53,35 @@ def _row(result: Result) -> list[str]:
     median_digits = 3 if result.median_ms is not None and result.median_ms < 10 else 1
     return [
         result.workload, result.mode, result.backend, result.status,
-        _number(result.median_ms, median_digits), _ratio(result.speedup), _ratio(result.vs_inductor), _number(result.compile_s, 1 if (result.compile_s or 0) >= 1 else 2),
+        _number(result.median_ms, median_digits),
+        "" if spread(result.times_ms) is None else f"±{100 * spread(result.times_ms):.0f}%",
+        _ratio(result.speedup), _ratio(result.vs_inductor), _number(result.compile_s, 1 if (result.compile_s or 0) >= 1 else 2),
         _number(None if result.peak_bytes is None else result.peak_bytes / 2**20, 0),
         graphs, bandwidth, result.reason.replace("|", "/"),
     ]
 
 
-def table(results: Sequence[Result]) -> str:
-    """A Markdown table, one row per workload, mode and backend."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    lines += ["| " + " | ".join(_row(result)) + " |" for result in results]
+def table(results: Sequence[Result], bandwidth: bool = True) -> str:
+    """A Markdown table, one row per workload, mode and backend (``bandwidth``: with the
+    GB/s column, for GPUs)."""
+    keep = [i for i, name in enumerate(COLUMNS) if bandwidth or name != BANDWIDTH]
+    columns = [COLUMNS[i] for i in keep]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for result in results:
+        row = _row(result)
+        lines.append("| " + " | ".join(row[i] for i in keep) + " |")
     return "\n".join(lines)
 
 
 LEGEND = (
     "median ms: one step (training: forward + backward; inference: forward under no_grad); "
+    "spread: half the interquartile range of the repeats, over the median; "
     "speedup: eager's median / this one; vs inductor: inductor's median / this one (>1 is faster "
     "than inductor); first call s: wall time of the first step, compilation included; peak MiB: "
-    "{memory} over the timed steps; graphs: FX graphs Dynamo compiled (and graph breaks); "
-    "GB/s: the fewest bytes a micro kernel must move per step over its median time, and that "
+    "{memory} over the timed steps; graphs: FX graphs Dynamo compiled (and graph breaks)."
+)
+LEGEND_BANDWIDTH = (
+    " GB/s: the fewest bytes a micro kernel must move per step over its median time, and that "
     "as a share of a device-to-device copy's bandwidth."
 )
 

@@ -119,6 +119,7 @@ def _boxed(compiled: CompiledGraph) -> Callable:
     only then (Triton compiles each kernel at its first launch, then autotunes it) and logs
     the compile-time breakdown."""
     state: list[Callable] = []
+    scope = debug.current_scope()  # the compile's: the timings below join its artifacts
 
     def first_call(args: list) -> Any:
         # launchers shared with an earlier graph were compiled (and counted) there
@@ -131,7 +132,8 @@ def _boxed(compiled: CompiledGraph) -> Callable:
                 compiled.timings[stage] = sum(k.seconds[stage] for k in fresh)
             compiled.timings["first_run"] = total - sum(sum(k.seconds.values()) for k in fresh)
         state[0] = compiled.call
-        debug.artifact("compile_time", f"{compiled.kind}_compile_time", compiled.describe_timings(), ".txt")
+        with debug.rejoin(scope):
+            debug.artifact("compile_time", f"{compiled.kind}_compile_time", compiled.describe_timings(), ".txt")
         return out
 
     state.append(first_call)
