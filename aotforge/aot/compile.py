@@ -19,9 +19,9 @@ from ..config import config as global_config
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
-from .runtime import make_inference_runtime, make_training_runtime
+from .runtime import check_outputs_once, make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
-from .trace import graph_outputs_fn, make_tangents, trace_forward, trace_joint
+from .trace import TRACE_LOCK, graph_outputs_fn, make_tangents, trace_forward, trace_joint
 
 
 @dataclasses.dataclass
@@ -66,6 +66,11 @@ def compile_flat(
 
     Returns ``(run, meta, fake_args)`` where ``run(args_list)`` returns the user's flat outputs.
     """
+    with TRACE_LOCK:
+        return _compile_flat(flat_fn, flat_args, config, is_training=is_training)
+
+
+def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     transforms: list = []
     if DedupeInputs.needed(flat_args):
         transforms.append(DedupeInputs(flat_args))
@@ -102,22 +107,26 @@ def compile_flat(
 
 
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode) -> Callable:
-    with torch.no_grad():
-        forward = trace_forward(
-            graph_fn, fake_args, meta, decompositions=config.decompositions, fake_mode=fake_mode,
-            functionalize=not getattr(config, "disable_functionalization", False),
-        )
+    # Traced in the caller's grad mode, not under no_grad: a function that differentiates
+    # inside (torch.autograd.grad) needs grad mode, and Dynamo's graphs rely on the grad mode
+    # they were captured in. The graph is plain ATen either way, and runs under no_grad.
+    forward = trace_forward(
+        graph_fn, fake_args, meta, decompositions=config.decompositions, fake_mode=fake_mode,
+        functionalize=not getattr(config, "disable_functionalization", False),
+    )
     check_graph_constants(forward, grad_enabled=torch.is_grad_enabled())
     debug.graph_artifact("graphs", f"{config.name}_inference", forward)
     with torch.no_grad():
-        compiled = config.inference_compiler(forward, _placeholder_values(forward))
+        compiled = check_outputs_once(
+            config.inference_compiler(forward, _placeholder_values(forward)), forward, "inference_compiler"
+        )
     return make_inference_runtime(compiled, meta, fake_args)
 
 
 def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode):
     tangents = make_tangents(graph_output_fakes, meta)
     with torch.enable_grad():
-        joint = trace_joint(
+        joint, mutated_in_backward = trace_joint(
             graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode,
             functionalize=not getattr(config, "disable_functionalization", False),
         )
@@ -139,7 +148,9 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     num_saved_tensors = len(saved) - num_saved_symints
     clone_saved = _saved_aliases_of_mutated_inputs(forward, meta, num_outputs, num_saved_tensors)
     with torch.no_grad():
-        compiled_forward = config.fw_compiler(forward, _placeholder_values(forward))
+        compiled_forward = check_outputs_once(
+            config.fw_compiler(forward, _placeholder_values(forward)), forward, "fw_compiler"
+        )
     bw_compiler = _under_current_patches(config.bw_compiler)
     if config.compile_backward_now:
         with torch.no_grad():
@@ -154,6 +165,7 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         num_saved_tensors,
         num_saved_symints,
         clone_saved,
+        mutated_in_backward,
     )
 
 
