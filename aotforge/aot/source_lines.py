@@ -77,6 +77,21 @@ def recording_source_lines() -> Iterator[None]:
         yield
 
 
+def grad(outputs: list, inputs: list, grad_outputs: list) -> tuple:
+    """``torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)`` for a trace:
+    backward nodes record what they differentiate (``tag_backward_nodes``), and the engine is
+    called directly, because a torch function mode is off while it handles a call, and
+    ``torch.autograd.grad`` would switch the recording off for the whole backward (where a
+    custom autograd.Function's Python backward runs the user's code)."""
+    tag_backward_nodes(outputs)
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None or not fx_traceback.has_preserved_node_meta():
+        return torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)
+    return engine.run_backward(
+        tuple(outputs), tuple(grad_outputs), False, False, tuple(inputs), True, accumulate_grad=False
+    )
+
+
 def tag_backward_nodes(outputs) -> None:
     """Before ``torch.autograd.grad(outputs, ...)`` runs in a trace: while each autograd node
     runs, nodes traced get its sequence number as their ``seq_nr``."""

@@ -30,7 +30,8 @@ from .functional import (
     to_functional,
 )
 from .schemas import OutputKind, ViewAndMutationMeta
-from .source_lines import copy_forward_source_to_backward, recording_source_lines, tag_backward_nodes
+from . import source_lines
+from .source_lines import copy_forward_source_to_backward, recording_source_lines
 
 # make_fx and FX's symbolic tracer keep global state (the patcher, the current node meta):
 # two threads tracing at once corrupt it for every later trace, torch.compile's included.
@@ -93,10 +94,7 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
         grads = []
         if wrt and grad_outputs:
-            tag_backward_nodes(grad_outputs)
-            grads = list(
-                torch.autograd.grad(grad_outputs, wrt, tangents, allow_unused=True)
-            )
+            grads = list(source_lines.grad(grad_outputs, wrt, tangents))
         grads_per_primal = [
             grads.pop(0) if isinstance(p, torch.Tensor) and p.requires_grad and grads else None
             for p in primals
