@@ -19,6 +19,7 @@ from .compile import CompileConfig, compile_flat, is_training_call
 from .guards import autocast_state, check_no_fake_constants, closure_state_fn, constant_key
 from .schemas import AOTConfig
 from .subclasses import subclass_signature
+from .trace import TRACE_LOCK
 
 
 def _make_config(
@@ -228,15 +229,24 @@ def aot_function(
         else:
             flat_args, spec_key = pytree.tree_flatten((args, kwargs))
         key = (_signature(flat_args, spec_key, config.dynamic), outside_state())
-        for entry in cache:
-            if entry.key == key and (entry.guard is None or entry.guard(flat_args)):
-                break
-        else:
-            entry = compile_for(list(flat_args), pytree.tree_flatten((args, kwargs))[1], key)
+        entry = _lookup(cache, key, flat_args)
+        if entry is None:
+            # One thread compiles; another that missed at the same time finds its entry.
+            with TRACE_LOCK:
+                entry = _lookup(cache, key, flat_args)
+                if entry is None:
+                    entry = compile_for(list(flat_args), pytree.tree_flatten((args, kwargs))[1], key)
         return entry.unflatten(entry.run(flat_args))
 
     compiled._aotforge_cache = cache  # type: ignore[attr-defined]
     return compiled
+
+
+def _lookup(cache: list, key, flat_args) -> Optional[_CacheEntry]:
+    for entry in cache:
+        if entry.key == key and (entry.guard is None or entry.guard(flat_args)):
+            return entry
+    return None
 
 
 def _shape_guard(fake_args: Sequence) -> Optional[Callable]:

@@ -19,10 +19,10 @@ from ..config import config as global_config
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
-from .runtime import make_inference_runtime, make_training_runtime
+from .runtime import check_outputs_once, make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
 from .subclasses import TensorSubclasses, check_supported_inputs, is_subclass
-from .trace import graph_outputs_fn, joint_fn, make_tangents, trace, trace_forward, trace_joint
+from .trace import TRACE_LOCK, graph_outputs_fn, joint_fn, make_tangents, trace, trace_forward, trace_joint
 
 
 @dataclasses.dataclass
@@ -70,6 +70,11 @@ def compile_flat(
     Returns ``(run, meta, fake_args)`` where ``run(args_list)`` returns the user's flat outputs.
     """
     check_supported_inputs(flat_args)
+    with TRACE_LOCK:
+        return _compile_flat(flat_fn, flat_args, config, is_training=is_training)
+
+
+def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     transforms: list = []
     if DedupeInputs.needed(flat_args):
         transforms.append(DedupeInputs(flat_args))
@@ -124,15 +129,19 @@ def _compile_inference(
     if subclasses is not None:
         traced_fn = subclasses.pre_compile(graph_fn)
         traced_args, traced_meta = subclasses.plain_fake_args, subclasses.plain_meta(meta)
-    with torch.no_grad():
-        forward = trace_forward(
-            traced_fn, traced_args, traced_meta, decompositions=config.decompositions, fake_mode=fake_mode,
-            functionalize=not getattr(config, "disable_functionalization", False),
-        )
+    # Traced in the caller's grad mode, not under no_grad: a function that differentiates
+    # inside (torch.autograd.grad) needs grad mode, and Dynamo's graphs rely on the grad mode
+    # they were captured in. The graph is plain ATen either way, and runs under no_grad.
+    forward = trace_forward(
+        traced_fn, traced_args, traced_meta, decompositions=config.decompositions, fake_mode=fake_mode,
+        functionalize=not getattr(config, "disable_functionalization", False),
+    )
     check_graph_constants(forward, grad_enabled=torch.is_grad_enabled())
     debug.graph_artifact("graphs", f"{config.name}_inference", forward)
     with torch.no_grad():
-        compiled = config.inference_compiler(forward, _placeholder_values(forward))
+        compiled = check_outputs_once(
+            config.inference_compiler(forward, _placeholder_values(forward)), forward, "inference_compiler"
+        )
     if subclasses is not None:
         compiled = subclasses.post_compile(compiled, _output_values(forward))
     return make_inference_runtime(compiled, meta, fake_args)
@@ -144,20 +153,26 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     functionalize = not getattr(config, "disable_functionalization", False)
     static_inputs = list(config.static_input_indices)
     with torch.enable_grad():
+        mutated_in_backward: list[int] = []
         if subclasses is None:
-            joint = trace_joint(
+            joint, mutated_in_backward = trace_joint(
                 graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode,
                 functionalize=functionalize,
             )
         else:
             with fake_mode:
-                plain_joint, tangents = subclasses.pre_compile_joint(joint_fn(graph_fn, meta), tangents)
+                plain_joint, tangents = subclasses.pre_compile_joint(
+                    joint_fn(graph_fn, meta, mutated_in_backward), tangents)
             fake_args, meta = subclasses.plain_fake_args, subclasses.plain_meta(meta)
             static_inputs = subclasses.plain_indices(static_inputs)
             joint = trace(
                 plain_joint, [list(fake_args), list(tangents)], decompositions=config.decompositions,
                 fake_mode=fake_mode, functionalize=functionalize,
             )
+            if mutated_in_backward:
+                raise NotImplementedError(
+                    "aotforge: a backward that mutates a tensor-subclass input is not supported; "
+                    "mutate a plain tensor, or clone the input inside the function")
     check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
     num_outputs = meta.num_graph_outputs if subclasses is None else subclasses.num_plain_outputs
@@ -176,8 +191,10 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     num_saved_tensors = len(saved) - num_saved_symints
     clone_saved = _saved_aliases_of_mutated_inputs(forward, meta, num_outputs, num_saved_tensors)
     with torch.no_grad():
-        compiled_forward = config.fw_compiler(forward, _placeholder_values(forward))
-    bw_compiler = _under_current_patches(config.bw_compiler)
+        compiled_forward = check_outputs_once(
+            config.fw_compiler(forward, _placeholder_values(forward)), forward, "fw_compiler"
+        )
+    bw_compiler = _checked(_under_current_patches(config.bw_compiler), "bw_compiler")
     if subclasses is not None:
         # The runtime (autograd.Function) and its epilogue work on the caller's subclasses.
         compiled_forward = subclasses.post_compile(compiled_forward, _output_values(forward)[:num_outputs])
@@ -196,6 +213,7 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         num_saved_tensors,
         num_saved_symints,
         clone_saved,
+        mutated_in_backward,
     )
 
 
@@ -235,6 +253,14 @@ def _placeholder_values(gm: fx.GraphModule) -> list:
 def _output_values(gm: fx.GraphModule) -> list:
     (output,) = gm.graph.find_nodes(op="output")
     return [n.meta.get("val") if isinstance(n, fx.Node) else n for n in output.args[0]]
+
+
+def _checked(compiler: Callable, compiler_name: str) -> Callable:
+    """``compiler`` whose compiled callable checks its outputs against the graph's once."""
+
+    def compile_and_check(gm, example_inputs):
+        return check_outputs_once(compiler(gm, example_inputs), gm, compiler_name)
+    return compile_and_check
 
 
 def _wrapped_compiler(compiler: Callable, wrap: Callable) -> Callable:

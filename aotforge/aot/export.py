@@ -390,10 +390,16 @@ def aot_export_joint_simple(
         graph_fn = graph_outputs_fn(flat_fn, meta)
         if trace_joint:
             tangents = make_tangents(graph_output_fakes, meta)
-            gm = trace_joint_graph(
+            gm, mutated_in_backward = trace_joint_graph(
                 graph_fn, fake_args, tangents, meta,
                 decompositions=decompositions, fake_mode=fake_mode,
             )
+            if mutated_in_backward:
+                raise ExportError(
+                    f"aot_export_joint_simple: the backward mutates input(s) {mutated_in_backward} "
+                    "(a custom autograd.Function's backward changes a saved input in place); the "
+                    "joint graph's convention has no output for that. Mutate a copy instead."
+                )
         else:
             gm = name_inputs_like_torch(trace_forward(
                 graph_fn, fake_args, meta, decompositions=decompositions, fake_mode=fake_mode

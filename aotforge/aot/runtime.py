@@ -15,6 +15,7 @@ from torch._C._autograd import CreationMeta, _set_creation_meta
 from .boxing import call_compiled
 from .subclasses import is_subclass
 from .schemas import InputInfo, OutputKind, StridedLayout, ViewAndMutationMeta, symbol_bindings
+from .trace import TRACE_LOCK
 
 
 class Epilogue:
@@ -134,7 +135,13 @@ def _regenerate_view(base: torch.Tensor, info, bindings: dict) -> torch.Tensor:
 
 def _check_base_layout(base: torch.Tensor, expected: StridedLayout, bindings: dict) -> None:
     size, stride, _ = expected.evaluate(bindings)
-    if list(base.stride()) != stride or list(base.size()) != size:
+    # The stride of a dimension of size 1 (or of an empty tensor) never moves to another
+    # element: compilers choose it freely, and views of the base address the same memory.
+    same_layout = list(base.size()) == size and (
+        base.numel() == 0
+        or all(n == 1 or a == b for n, a, b in zip(size, base.stride(), stride))
+    )
+    if not same_layout:
         raise RuntimeError(
             "aotforge: the compiled graph returned the base of an aliased output with layout "
             f"{tuple(base.size())}/{tuple(base.stride())}, but eager's layout is "
@@ -169,9 +176,16 @@ def make_training_runtime(
     num_saved_tensors: int,
     num_saved_symints: int,
     clone_saved: Sequence[int] = (),
+    mutated_in_backward: Sequence[int] = (),
 ) -> Callable:
     """``run(args) -> user outputs`` through a custom autograd.Function whose backward
-    compiles the backward graph the first time it runs."""
+    compiles the backward graph the first time it runs.
+
+    ``mutated_in_backward``: inputs that the backward changes in place (a custom Function's
+    backward mutating a tensor it saved); the backward graph returns their new values after
+    the gradients, and they are copied into the caller's tensors when the backward runs, as
+    in eager.
+    """
     epilogue = Epilogue(meta, fake_args, custom_aliases_done=True)
     num_outputs = meta.num_graph_outputs
     # Outputs of custom autograd.Functions that alias inputs: returning the input's view from
@@ -183,6 +197,29 @@ def make_training_runtime(
     non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
     tangent_indices = [i for i, d in enumerate(differentiable) if d]
     compiled_backward: list[Optional[Callable]] = [None]
+    mutated_in_backward = list(mutated_in_backward)
+
+    def run_backward(ctx, grad_outputs) -> list:
+        if compiled_backward[0] is None:
+            with TRACE_LOCK:
+                if compiled_backward[0] is None:
+                    compiled_backward[0] = bw_compiler(backward_module, _example_inputs(backward_module))
+        tangents = [_as_traced_tangent(grad_outputs[i]) for i in tangent_indices]
+        args = [*ctx.symints, *ctx.saved_tensors, *tangents]
+        # Drop ctx's references (unless retain_graph), so that a boxed backward can free
+        # each saved tensor after its last use instead of holding all of them to the end.
+        ctx.maybe_clear_saved_tensors()
+        return call_compiled(compiled_backward[0], args)
+
+    @torch.autograd.function.once_differentiable
+    def backward_once(ctx, *grad_outputs):
+        results = run_backward(ctx, grad_outputs)
+        if not mutated_in_backward:
+            return tuple(results)
+        num_grads = len(results) - len(mutated_in_backward)
+        for target, value in zip(ctx.mutated_in_backward, results[num_grads:]):
+            target.copy_(value)  # under no_grad (once_differentiable), as eager's backward ran
+        return tuple(results[:num_grads])
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -198,23 +235,18 @@ def make_training_runtime(
                 saved[position] = saved[position].clone()
             ctx.save_for_backward(*saved)
             ctx.symints = results[num_outputs + num_saved_tensors :]
+            if mutated_in_backward:
+                ctx.mutated_in_backward = [args[i] for i in mutated_in_backward]
             ctx.mark_non_differentiable(
                 *(outputs[i] for i in non_differentiable_indices if isinstance(outputs[i], torch.Tensor))
             )
             return tuple(outputs)
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx, *grad_outputs):
-            if compiled_backward[0] is None:
-                compiled_backward[0] = bw_compiler(backward_module, _example_inputs(backward_module))
-            tangents = [_as_traced_tangent(grad_outputs[i]) for i in tangent_indices]
-            args = [*ctx.symints, *ctx.saved_tensors, *tangents]
-            # Drop ctx's references (unless retain_graph), so that a boxed backward can free
-            # each saved tensor after its last use instead of holding all of them to the end.
-            ctx.maybe_clear_saved_tensors()
-            grads = call_compiled(compiled_backward[0], args)
-            return tuple(grads)
+            if mutated_in_backward and torch.is_grad_enabled():
+                _check_backward_mutations_without_create_graph(ctx.mutated_in_backward)
+            return backward_once(ctx, *grad_outputs)
 
     def run(args: list) -> list:
         graph_outputs = CompiledFunction.apply(*args)
@@ -222,6 +254,74 @@ def make_training_runtime(
 
     run.compiled_function = CompiledFunction  # type: ignore[attr-defined]
     return run
+
+
+def _check_backward_mutations_without_create_graph(targets: Sequence[torch.Tensor]) -> None:
+    """Under ``backward(create_graph=True)`` eager runs a custom Function's backward in grad
+    mode, where changing a leaf that requires grad in place raises. The compiled backward
+    cannot record such a mutation either: raise for every input that requires grad."""
+    for target in targets:
+        if target.requires_grad:
+            if target.is_leaf:
+                raise RuntimeError(
+                    "a leaf Variable that requires grad is being used in an in-place operation. "
+                    "(aotforge: a custom autograd.Function's backward mutates this input, and "
+                    "backward ran with create_graph=True, as eager would refuse too.)"
+                )
+            raise RuntimeError(
+                "aotforge: a custom autograd.Function's backward mutates an input that requires "
+                "grad, and backward ran with create_graph=True; the compiled backward cannot "
+                "record that mutation for double backward. Call backward without create_graph, "
+                "or mutate a tensor that does not require grad."
+            )
+
+
+def check_outputs_once(compiled: Callable, gm: fx.GraphModule, compiler_name: str) -> Callable:
+    """``compiled``, checked on its first call against what ``gm`` returns: the number of
+    outputs and, for tensors, dtype, device and (static) shape. A compiler that returns the
+    wrong outputs would otherwise give wrong answers or fail far from the cause."""
+    (output,) = gm.graph.find_nodes(op="output")
+    expected = [node.meta.get("val") if isinstance(node, fx.Node) else node for node in output.args[0]]
+    checked = [False]
+
+    def checked_call(args: list) -> list:
+        outputs = call_compiled(compiled, args)
+        if not checked[0]:
+            _check_outputs(outputs, expected, compiler_name)
+            checked[0] = True
+        return outputs
+
+    checked_call._boxed_call = True  # type: ignore[attr-defined]
+    checked_call.compiled = compiled  # type: ignore[attr-defined]  (for introspection)
+    return checked_call
+
+
+def _check_outputs(outputs: list, expected: list, compiler_name: str) -> None:
+    def fail(what: str) -> None:
+        raise RuntimeError(
+            f"aotforge: the callable returned by {compiler_name} {what}. A compiler must return "
+            "a callable whose outputs match the graph's outputs (same number, order, shapes, "
+            "dtypes and devices)."
+        )
+
+    if len(outputs) != len(expected):
+        fail(f"returned {len(outputs)} outputs, but the graph has {len(expected)}")
+    for index, (actual, value) in enumerate(zip(outputs, expected)):
+        # Some ATen ops return None where fake tensors promised a tensor (cuDNN attention's
+        # philox seed and offset without dropout): let None through.
+        if not isinstance(value, torch.Tensor) or actual is None:
+            continue
+        if not isinstance(actual, torch.Tensor):
+            fail(f"returned {type(actual).__name__} as output {index}, where the graph returns a tensor")
+        static_shape = [s if isinstance(s, int) else None for s in value.shape]
+        shape_ok = actual.dim() == len(static_shape) and all(
+            s is None or s == a for s, a in zip(static_shape, actual.shape)
+        )
+        if not shape_ok or actual.dtype != value.dtype or actual.device.type != value.device.type:
+            fail(
+                f"returned output {index} as {tuple(actual.shape)} {actual.dtype} on {actual.device}, "
+                f"but the graph returns {tuple(value.shape)} {value.dtype} on {value.device}"
+            )
 
 
 def _as_traced_tangent(grad: torch.Tensor) -> torch.Tensor:

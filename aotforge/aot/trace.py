@@ -12,6 +12,7 @@ inference graph keeps when the caller asked for ``keep_inference_input_mutations
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable, Sequence
 
 import torch
@@ -20,8 +21,22 @@ import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .functional import FunctionalTensorMode, below_functionalization, from_functional, to_functional
+from .functional import (
+    FunctionalTensor,
+    FunctionalTensorMode,
+    below_functionalization,
+    from_functional,
+    has_data_mutation,
+    to_functional,
+)
 from .schemas import OutputKind, ViewAndMutationMeta
+from . import source_lines
+from .source_lines import copy_forward_source_to_backward, recording_source_lines
+
+# make_fx and FX's symbolic tracer keep global state (the patcher, the current node meta):
+# two threads tracing at once corrupt it for every later trace, torch.compile's included.
+# Every compile in this package holds this lock (re-entrant: a compile may trace inside).
+TRACE_LOCK = threading.RLock()
 
 
 def graph_outputs_fn(flat_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
@@ -58,26 +73,67 @@ def graph_outputs_fn(flat_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
     return fn
 
 
-def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
-    """``(primals, tangents) -> (*forward outputs, *one gradient per primal or None)``."""
+def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward: list) -> Callable:
+    """``(primals, tangents) -> (*forward outputs, *one gradient per primal or None,
+    *values of inputs the backward mutated)``.
+
+    A custom autograd.Function's backward may mutate a tensor it saved (an input): eager
+    applies that when the backward runs. The joint returns the input's value after the
+    backward as an extra backward output, and fills ``mutated_in_backward`` with the input
+    indices, so that the runtime copies it into the caller's tensor at backward time.
+    """
     differentiable = meta.graph_output_requires_grad()
+    num_mutated = len(meta.mutated_input_indices)
 
     def joint(primals: list, tangents: list):
         outputs = graph_fn(*primals)
+        # The forward's values of mutated inputs, before the backward changes them again.
+        forward_outputs = [_current_value(o) if i < num_mutated else o for i, o in enumerate(outputs)]
+        before_backward = [_current_value(p) for p in primals]
         grad_outputs = [o for o, d in zip(outputs, differentiable) if d]
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
         grads = []
         if wrt and grad_outputs:
-            grads = list(
-                torch.autograd.grad(grad_outputs, wrt, tangents, allow_unused=True)
-            )
+            grads = list(source_lines.grad(grad_outputs, wrt, tangents))
         grads_per_primal = [
             grads.pop(0) if isinstance(p, torch.Tensor) and p.requires_grad and grads else None
             for p in primals
         ]
-        return (*outputs, *grads_per_primal)
+        _check_tangents_unchanged(tangents)
+        updated = []
+        for index, (primal, before) in enumerate(zip(primals, before_backward)):
+            after = _current_value(primal)
+            if after is before:
+                continue
+            if (after.shape, after.stride(), after.storage_offset()) != (before.shape, before.stride(), before.storage_offset()):
+                raise NotImplementedError(
+                    "aotforge: a backward (of a custom autograd.Function) changes the shape or "
+                    "strides of an input in place (t_(), resize_(), ...); that is not supported. "
+                    "Change a copy of it instead."
+                )
+            mutated_in_backward.append(index)
+            updated.append(after)
+        return (*forward_outputs, *grads_per_primal, *updated)
 
     return joint
+
+
+def _current_value(value):
+    """The value a FunctionalTensor holds now (a traced plain tensor, which later mutations of
+    the FunctionalTensor do not change); other values as they are."""
+    if isinstance(value, FunctionalTensor):
+        return from_functional(value)
+    return value
+
+
+def _check_tangents_unchanged(tangents: Sequence) -> None:
+    for tangent in tangents:
+        if isinstance(tangent, FunctionalTensor) and has_data_mutation(tangent):
+            raise NotImplementedError(
+                "aotforge: a backward (of a custom autograd.Function) mutates the gradient it "
+                "received in place; that is not supported. Compute a new tensor instead "
+                "(grad * 2 rather than grad.mul_(2))."
+            )
 
 
 def make_tangents(graph_output_fakes: Sequence, meta: ViewAndMutationMeta) -> list:
@@ -138,7 +194,7 @@ def trace(
         FunctionalTensorMode(_allow_token_discovery=True) if functionalize else contextlib.nullcontext()
     )
     traced_fn = _functionalized(fn, kept_mutations, len(args)) if functionalize else _unfunctionalized(fn, len(args))
-    with fake_mode, enable_python_dispatcher(), functional_mode:
+    with TRACE_LOCK, recording_source_lines(), fake_mode, enable_python_dispatcher(), functional_mode:
         gm = make_fx(
             traced_fn,
             decomposition_table=decompositions,
@@ -151,6 +207,7 @@ def trace(
     (output,) = gm.graph.find_nodes(op="output")
     output.args = (tuple(pytree.tree_leaves(output.args[0], is_leaf=lambda x: x is None)),)
     gm.graph.eliminate_dead_code()
+    copy_forward_source_to_backward(gm)
     gm.recompile()
     return gm
 
@@ -179,11 +236,14 @@ def trace_joint(
     decompositions,
     fake_mode,
     functionalize: bool = True,
-) -> fx.GraphModule:
-    return trace(
-        joint_fn(graph_fn, meta),
+) -> tuple[fx.GraphModule, list[int]]:
+    """The joint graph, and the indices of the inputs its backward mutates (see joint_fn)."""
+    mutated_in_backward: list[int] = []
+    gm = trace(
+        joint_fn(graph_fn, meta, mutated_in_backward),
         [list(fake_args), list(tangents)],
         decompositions=decompositions,
         fake_mode=fake_mode,
         functionalize=functionalize,
     )
+    return gm, mutated_in_backward

@@ -9,8 +9,8 @@ runtime gives the same tensor eager gave: the same conj/neg bits and dtype (``co
 express.
 
 ``as_strided`` remains the fallback only where it is exactly equivalent: a same-dtype view
-without conj/neg bits, when the ops cannot be read back (older torch, or a view made by an
-in-place view op such as ``t_``, whose replay would change the base itself).
+without conj/neg bits, when the ops cannot be read back (older torch, or a view whose first
+op is an in-place view op such as ``t_``, whose replay would change the base itself).
 """
 from __future__ import annotations
 
@@ -139,10 +139,11 @@ def _relative_steps(output, base) -> Optional[tuple[ViewStep, ...]]:
         return None
     relative = sequence[len(base_sequence):]
     steps = []
-    for meta in relative:
+    for position, meta in enumerate(relative):
         kind = type(meta).__name__
-        # An in-place view op (t_, unsqueeze_, as_strided_) replays by changing the base.
-        if kind.endswith("__ViewMeta"):
+        # An in-place view op (t_, unsqueeze_, as_strided_) applied first would change the
+        # base itself; after another view it changes only that fresh view, as eager's did.
+        if kind.endswith("__ViewMeta") and position == 0:
             return None
         steps.append(ViewStep(kind, _to_plain(meta.as_tuple())))
     return tuple(steps)

@@ -1,0 +1,126 @@
+"""Keep the user's source location on every traced node (``node.meta["stack_trace"]``), so
+that printed graphs show ``# File: model.py:12 in forward, code: ...`` above forward AND
+backward nodes, as PyTorch's own graphs do.
+
+* Forward nodes: while tracing, each torch call made by the user's code records the user's
+  frames (those between aotforge's tracing entry and torch) as the current node meta, which
+  FX copies onto every node the call creates. Under Dynamo the nodes already carry Dynamo's
+  stack traces (``backends._source_lines_kept``); those are kept.
+* Backward nodes: autograd runs them from its engine, with no user frame on the stack. Hooks
+  on the autograd nodes (``tag_backward_nodes``) make each backward node record the sequence
+  number of the forward op it differentiates (``seq_nr``, which forward nodes record too); a
+  backward node without a stack trace then takes the one of the forward node with its number::
+
+      mul = aten.mul(x, 2)       # File: model.py:3, code: y = x * 2   (seq_nr 7)
+      mul_1 = aten.mul(tangents_1, 2)  -> gets the same "# File: model.py:3" (seq_nr 7)
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+import traceback
+from typing import Iterator, Optional
+
+import torch
+import torch.fx as fx
+from torch.fx import traceback as fx_traceback
+from torch.overrides import TorchFunctionMode
+
+# The AOT layer calls the user's function; frames from here outward are not the model's.
+_AOT_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_STDLIB_DIR = sysconfig.get_paths().get("stdlib", "\0")
+
+
+def _user_stack() -> Optional[str]:
+    """The frames of the user's code below aotforge's tracing entry, formatted like a
+    traceback; None when there are none (autograd's engine, or not inside a trace)."""
+    frame = sys._getframe(2)
+    user_frames = []
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_AOT_DIR):
+            break  # aotforge called the user's function from here: outer frames are not the model
+        if not filename.startswith((_TORCH_DIR, _STDLIB_DIR, "<frozen")):
+            user_frames.append((frame, frame.f_lineno))
+        frame = frame.f_back
+    if frame is None or not user_frames:
+        return None
+    summary = traceback.StackSummary.extract(reversed(user_frames))
+    return "".join(summary.format()).rstrip()
+
+
+class _RecordUserSource(TorchFunctionMode):
+    """Set the current node meta's stack trace to the user's frames for each torch call."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        meta = fx_traceback.get_current_meta()
+        if meta.get("stack_trace"):  # Dynamo's (or an outer call's) source: keep it
+            return func(*args, **kwargs)
+        stack = _user_stack()
+        if stack is None:
+            return func(*args, **kwargs)
+        meta["stack_trace"] = stack
+        try:
+            return func(*args, **kwargs)
+        finally:
+            meta.pop("stack_trace", None)
+
+
+@contextlib.contextmanager
+def recording_source_lines() -> Iterator[None]:
+    """Trace under this: nodes get the user's stack traces and autograd sequence numbers."""
+    with fx_traceback.preserve_node_meta(), _RecordUserSource():
+        yield
+
+
+def grad(outputs: list, inputs: list, grad_outputs: list) -> tuple:
+    """``torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)`` for a trace:
+    backward nodes record what they differentiate (``tag_backward_nodes``), and the engine is
+    called directly, because a torch function mode is off while it handles a call, and
+    ``torch.autograd.grad`` would switch the recording off for the whole backward (where a
+    custom autograd.Function's Python backward runs the user's code)."""
+    tag_backward_nodes(outputs)
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None or not fx_traceback.has_preserved_node_meta():
+        return torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)
+    return engine.run_backward(
+        tuple(outputs), tuple(grad_outputs), False, False, tuple(inputs), True, accumulate_grad=False
+    )
+
+
+def tag_backward_nodes(outputs) -> None:
+    """Before ``torch.autograd.grad(outputs, ...)`` runs in a trace: while each autograd node
+    runs, nodes traced get its sequence number as their ``seq_nr``."""
+    set_seq_nr = getattr(fx_traceback, "set_grad_fn_seq_nr", None)
+    reset_seq_nr = getattr(fx_traceback, "reset_grad_fn_seq_nr", None)
+    if set_seq_nr is None or reset_seq_nr is None or not fx_traceback.has_preserved_node_meta():
+        return
+    pending = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    seen = set(pending)
+    while pending:
+        node = pending.pop()
+        seq_nr = node._sequence_nr()
+        node.register_prehook(lambda grad_outputs, seq_nr=seq_nr: set_seq_nr(seq_nr))
+        node.register_hook(lambda grad_inputs, grad_outputs: reset_seq_nr())
+        for next_node, _ in node.next_functions:
+            if next_node is not None and next_node not in seen:
+                seen.add(next_node)
+                pending.append(next_node)
+
+
+def copy_forward_source_to_backward(gm: fx.GraphModule) -> None:
+    """Give each node without a stack trace the one of the first node with its ``seq_nr``."""
+    source_by_seq_nr: dict[int, str] = {}
+    for node in gm.graph.nodes:
+        seq_nr = node.meta.get("seq_nr")
+        stack_trace = node.meta.get("stack_trace")
+        if seq_nr is None or node.op != "call_function":
+            continue
+        if stack_trace:
+            source_by_seq_nr.setdefault(seq_nr, stack_trace)
+        elif seq_nr in source_by_seq_nr:
+            node.meta["stack_trace"] = source_by_seq_nr[seq_nr]
