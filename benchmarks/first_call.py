@@ -125,7 +125,9 @@ def _child(args: argparse.Namespace) -> dict:
                 breakdown[stage] = breakdown.get(stage, 0.0) + seconds
         result["breakdown"] = breakdown
         result["graphs"] = [dict(kind=g.kind, path=g.path, kernels=len(g.kernels),
-                                 unique_kernels=len({k.name for k in g.kernels})) for g in graphs]
+                                 unique_kernels=len({k.name for k in g.kernels}),
+                                 pool_jobs=len({id(k) for k in g.launchers.values()}),
+                                 pool_worker_s=round(g.pool_seconds, 2)) for g in graphs]
     return result
 
 

@@ -130,6 +130,7 @@ def _boxed(compiled: CompiledGraph) -> Callable:
             total = time.perf_counter() - started
             for stage in ("pool_wait", "triton_compile", "autotune"):
                 compiled.timings[stage] = sum(k.seconds[stage] for k in fresh)
+            compiled.pool_seconds = sum(k.pool_seconds for k in fresh)
             compiled.timings["first_run"] = total - sum(sum(k.seconds.values()) for k in fresh)
         state[0] = compiled.call
         with debug.rejoin(scope):

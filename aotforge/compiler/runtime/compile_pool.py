@@ -207,7 +207,7 @@ def _triton_environment() -> dict[str, str]:
 def precompile(module_path: str, kernel_name: str, arg_dtypes: Sequence[Any], sizes: Sequence[int],
                configs: Sequence[dict]) -> Optional[Future]:
     """Compile ``kernel_name`` of the generated module at ``module_path`` for each of
-    ``configs`` in a worker; the Future's result is the number of configurations compiled.
+    ``configs`` in a worker; the Future's result is the seconds the worker spent on it.
     None when there is nothing to gain: the interpreter runs kernels without compiling them,
     without a GPU nothing is compiled, and AOTFORGE_COMPILE_WORKERS=0 turns the pool off."""
     from .launch import interpreting, loaded_module
@@ -238,9 +238,12 @@ def _compile_kernel(module_path: str, name: str, expected: str, kernel_name: str
                     configs: list[dict]) -> int:
     """(In a worker.) Import the module, checked against ``expected``, and warm the kernel up
     for each configuration: Triton compiles it and writes the binary to its cache."""
+    import time
+
     from . import disk_cache
     from .launch import execute_module
 
+    started = time.perf_counter()
     module = _worker_modules.get(expected)
     if module is None:
         source = disk_cache.read_verified_module(module_path, expected)
@@ -251,7 +254,7 @@ def _compile_kernel(module_path: str, name: str, expected: str, kernel_name: str
     kernel = getattr(module, kernel_name)
     for config_ in configs:
         _build_launcher(kernel.warmup(*arg_dtypes, *sizes, grid=(1,), **config_))
-    return len(configs)
+    return time.perf_counter() - started
 
 
 def _build_launcher(compiled: Any) -> None:

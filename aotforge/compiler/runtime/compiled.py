@@ -36,6 +36,9 @@ class CompiledGraph:
     program: Optional[Program]
     launchers: dict  # group name -> launch.Kernel
     timings: dict  # stage -> seconds, in the order the stages ran
+    # seconds the compile pool's workers spent on this graph's kernels (in parallel, so not
+    # part of the stages above: compare with pool_wait to see whether the pool kept up)
+    pool_seconds: float = 0.0
 
     @property
     def path(self) -> str:
@@ -65,7 +68,8 @@ class CompiledGraph:
     def describe_timings(self) -> str:
         total = sum(self.timings.values())
         parts = ", ".join(f"{stage} {seconds:.3f}s" for stage, seconds in self.timings.items())
-        return f"{self.kind} graph: {total:.3f}s ({parts})"
+        pool = f"; compile pool workers: {self.pool_seconds:.3f}s in parallel" if self.pool_seconds else ""
+        return f"{self.kind} graph: {total:.3f}s ({parts}){pool}"
 
     def __str__(self) -> str:
         sections = [f"# {self.kind} graph, {self.path} path", self.describe_timings()]

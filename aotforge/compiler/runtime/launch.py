@@ -163,6 +163,8 @@ class Kernel:
         self.direct: Optional[direct.DirectLauncher] = None
         # what the first launch spent, for the compile-time breakdown
         self.seconds = {"pool_wait": 0.0, "triton_compile": 0.0, "autotune": 0.0}
+        # seconds the compile pool's workers spent on this kernel, in parallel with the rest
+        self.pool_seconds = 0.0
         if isinstance(precompiled, Future):
             precompiled = [precompiled]
         self.pending: list[Future] = list(precompiled or [])
@@ -197,7 +199,9 @@ class Kernel:
         pending, self.pending = self.pending, []
         for future in pending:
             try:
-                future.result(timeout=max(0.0, deadline - time.monotonic()))
+                seconds = future.result(timeout=max(0.0, deadline - time.monotonic()))
+                if isinstance(seconds, float):
+                    self.pool_seconds += seconds
             except Exception as error:  # noqa: BLE001  any failure: compile here instead
                 if not _fallback_logged:
                     _fallback_logged = True
