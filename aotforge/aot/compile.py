@@ -16,6 +16,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
 from ..config import config as global_config
+from .effects import partition_with_effects
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
@@ -124,7 +125,7 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
     num_outputs = meta.num_graph_outputs
-    forward, backward = config.partition_fn(
+    forward, backward = partition_with_effects(config.partition_fn)(
         joint,
         [*fake_args, *tangents],
         num_fwd_outputs=num_outputs,

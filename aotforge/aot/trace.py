@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from . import effects
 from .functional import FunctionalTensorMode, below_functionalization, from_functional, to_functional
 from .schemas import OutputKind, ViewAndMutationMeta
 
@@ -64,6 +65,7 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
 
     def joint(primals: list, tangents: list):
         outputs = graph_fn(*primals)
+        effects.end_phase("forward")  # the backward's effects get a chain of their own
         grad_outputs = [o for o, d in zip(outputs, differentiable) if d]
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
         grads = []
@@ -100,6 +102,7 @@ def _functionalized(fn: Callable, kept_mutations: Sequence[int], arity: int) -> 
         with below_functionalization():
             functional_args = pytree.tree_map(to_functional, args)
             outputs = fn(*functional_args)
+            effects.end_phase("forward" if arity == 1 else "backward")
         results = pytree.tree_map(from_functional, outputs)
         flat_args = pytree.tree_leaves(args)
         flat_functional = pytree.tree_leaves(functional_args)
@@ -150,6 +153,7 @@ def trace(
         gm.__dict__.pop(stale, None)
     (output,) = gm.graph.find_nodes(op="output")
     output.args = (tuple(pytree.tree_leaves(output.args[0], is_leaf=lambda x: x is None)),)
+    effects.finish_trace(gm)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
