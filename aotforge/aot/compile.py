@@ -20,6 +20,7 @@ from .effects import partition_with_effects
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
+from .rng import RandomOps
 from .runtime import make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
 from .trace import graph_outputs_fn, make_tangents, trace_forward, trace_joint
@@ -75,10 +76,12 @@ def compile_flat(
     # Fakes aligned with the caller's arguments (duplicates repeated), for shape guards.
     original_fake_args = [fake_args[i] for i in transforms[0].source] if transforms else fake_args
 
+    random_ops = RandomOps(is_training)
+
     def collect(fn, args):
         with fake_mode:
             return collect_metadata(
-                fn,
+                random_ops.watch(fn),
                 args,
                 is_training=is_training,
                 keep_inference_input_mutations=config.keep_inference_input_mutations,
@@ -94,16 +97,21 @@ def compile_flat(
     debug.artifact("metadata", f"{config.name}_metadata", meta.describe(), suffix=".txt")
     # A training call whose outputs need no gradient is compiled as inference.
     meta.is_training = is_training and any(meta.graph_output_requires_grad())
+    # Random ops whose draws the backward may redo take a seed input, or save their state.
+    random_ops.decide(meta.is_training)
+    if random_ops.functionalized:
+        transforms.append(random_ops)
+        flat_fn, fake_args = random_ops.pre_compile(flat_fn, fake_args, meta)
     graph_fn = graph_outputs_fn(flat_fn, meta)
     if meta.is_training:
-        run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode)
+        run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode, random_ops)
     else:
-        run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode)
+        run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, random_ops)
     return apply_post_compile(run, transforms), meta, original_fake_args
 
 
-def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode) -> Callable:
-    with torch.no_grad():
+def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode, random_ops) -> Callable:
+    with torch.no_grad(), random_ops.tracing():
         forward = trace_forward(
             graph_fn, fake_args, meta, decompositions=config.decompositions, fake_mode=fake_mode,
             functionalize=not getattr(config, "disable_functionalization", False),
@@ -115,9 +123,9 @@ def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode) 
     return make_inference_runtime(compiled, meta, fake_args)
 
 
-def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode):
+def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode, random_ops):
     tangents = make_tangents(graph_output_fakes, meta)
-    with torch.enable_grad():
+    with torch.enable_grad(), random_ops.tracing():
         joint = trace_joint(
             graph_fn, fake_args, tangents, meta, decompositions=config.decompositions, fake_mode=fake_mode,
             functionalize=not getattr(config, "disable_functionalization", False),

@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import effects
+from . import effects, rng
 from .functional import FunctionalTensorMode, below_functionalization, from_functional, to_functional
 from .schemas import OutputKind, ViewAndMutationMeta
 
@@ -144,7 +144,7 @@ def trace(
     with fake_mode, enable_python_dispatcher(), functional_mode:
         gm = make_fx(
             traced_fn,
-            decomposition_table=decompositions,
+            decomposition_table=rng.trace_decompositions(decompositions),
             record_module_stack=True,
         )(*args)
     # Compilers take flat placeholders and return a flat tuple: drop make_fx's pytree codegen.
