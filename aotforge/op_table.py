@@ -104,6 +104,9 @@ LATE_OPS: dict[str, OpInfo] = {
     "prims::_low_memory_max_pool_offsets_to_indices": OpInfo(INDEXING),
     # aotforge/philox.py: functionalized RNG's draws, pure functions of their seed.
     "aotforge::philox_rand": OpInfo(POINTWISE, distinct=True),
+    # aot/rng.py's eager scheme for dropout: a draw that saves its state, and a redraw at it
+    "aotforge::dropout_saving_state": OpInfo(RANDOM, distinct=True),
+    "aotforge::dropout_at_state": OpInfo(POINTWISE, distinct=True),
     # effect tokens (aot/effects.py): a token is free to make wherever it is needed
     "prims::_make_token": OpInfo(CREATION, distinct=True),
 }

@@ -91,6 +91,61 @@ class RngError(RuntimeError):
     pass
 
 
+# --- dropout at a saved generator state --------------------------------------------------------
+# The eager scheme's ops for dropout. run_and_save_rng_state(native_dropout) would return the
+# nested (state, (out, mask)); these return flat tuples, which every compiler's extern calls
+# handle. Saving the state is a draw (tagged random: never dead code, never merged); running
+# at a saved state is a pure function of it, which the backward may recompute.
+
+_library = torch.library.Library("aotforge", "FRAGMENT")  # noqa: TOR901
+_library.define(
+    "dropout_saving_state(Tensor input, float p, bool? train) -> (Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.nondeterministic_seeded,),
+)
+_library.define("dropout_at_state(Tensor state, Tensor input, float p, bool? train) -> (Tensor, Tensor)")
+
+
+def _get_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state.cpu(), device)
+    else:
+        torch.set_rng_state(state.cpu())
+
+
+def _dropout_saving_state(x, p, train):
+    state = _get_state(x.device)
+    out, mask = aten.native_dropout.default(x, p, train)
+    return state, out, mask
+
+
+def _dropout_at_state(state, x, p, train):
+    current = _get_state(x.device)
+    _set_state(x.device, state)
+    try:
+        return tuple(aten.native_dropout.default(x, p, train))
+    finally:
+        _set_state(x.device, current)
+
+
+def _fake_state(device: torch.device) -> torch.Tensor:
+    return torch.empty((_generator(device).get_state().numel(),), dtype=torch.uint8, device="cpu")
+
+
+_library.impl("dropout_saving_state", _dropout_saving_state, "CompositeExplicitAutograd")
+_library.impl("dropout_at_state", _dropout_at_state, "CompositeExplicitAutograd")
+_library._register_fake(
+    "dropout_saving_state",
+    lambda x, p, train: (_fake_state(x.device), torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)),
+)
+_library._register_fake(
+    "dropout_at_state", lambda state, x, p, train: (torch.empty_like(x), torch.empty_like(x, dtype=torch.bool))
+)
+
+
 _SEEDED_MESSAGE = (
     "aotforge: the compiled function reseeds or loads an outside state into the {device} random "
     "generator (torch.manual_seed, torch.set_rng_state with a state not saved inside the "
@@ -255,6 +310,8 @@ class Session:
     def _eager_draw(self, op, draw: Draw, fresh: bool, args, kwargs):
         from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
+        if op is aten.native_dropout.default and (fresh or draw.state is not None):
+            return self._eager_dropout(draw, fresh, *args, **kwargs)
         proxy_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
         tracer = proxy_mode.tracer
         with disable_proxy_modes_tracing():
@@ -277,6 +334,14 @@ class Session:
             "call_function", run_with_rng_state, (tracer.unwrap_proxy(draw.state), *proxy_args), proxy_kwargs
         )
         return track_tensor_tree(out, proxy, constant=None, tracer=tracer)
+
+
+    def _eager_dropout(self, draw: Draw, fresh: bool, x, p, train=None):
+        if fresh:
+            state, out, mask = torch.ops.aotforge.dropout_saving_state.default(x, p, train)
+            draw.state = state
+            return out, mask
+        return torch.ops.aotforge.dropout_at_state.default(draw.state, x, p, train)
 
 
 def _fake_state_like(device: torch.device, out) -> torch.Tensor:

@@ -109,3 +109,43 @@ def test_training_step_redraws_forward_mask(checkpointed):
     eager_out = model(x)
     (eager_out * weight).sum().backward()
     assert torch.equal(torch.get_rng_state(), state)
+
+
+class _Mixed(torch.nn.Module):
+    """Dropout under checkpoint, an effectful print and a linalg backward, in one graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def block(self, x):
+        return torch.nn.functional.dropout(self.linear(x).relu(), 0.3, True)
+
+    def forward(self, x):
+        torch.ops.aten._print("forward")
+        y = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+        return torch.linalg.inv(y[:4, :4] + 4 * torch.eye(4)) + y.sum()
+
+
+def test_fallback_random_through_the_compiler_matches_eager():
+    """fallback_random: dropout runs through ATen on eager's generator, saving the state its
+    redraw in the backward uses: outputs, gradients and generator state equal eager's."""
+    torch.manual_seed(0)
+    model = _Mixed()
+    x = torch.randn(8, 16)
+    torch.manual_seed(1)
+    expected = model(x)
+    expected.sum().backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    expected_state = torch.get_rng_state()
+    model.zero_grad()
+    torch._dynamo.reset()
+    with config.patch(triton_on_cpu=True, fallback_random=True):
+        compiled = torch.compile(model, backend="aotforge")
+        torch.manual_seed(1)
+        actual = compiled(x)
+        actual.sum().backward()
+    assert torch.equal(torch.get_rng_state(), expected_state)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    for parameter, grad in zip(model.parameters(), expected_grads):
+        torch.testing.assert_close(parameter.grad, grad, rtol=1e-5, atol=1e-5)
