@@ -408,13 +408,15 @@ PHILOX_DRAWS: dict = {
 class _RandomOpDetector(TorchDispatchMode):
     """Notes the devices random ops run on (before functionalization, so in-place draws too)."""
 
+    supports_higher_order_operators = True  # with_effects & co. pass through untouched
+
     def __init__(self, devices: set):
         super().__init__()
         self.devices = devices
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags and func.overloadpacket not in (
+        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) and func.overloadpacket not in (
             aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided
         ):
             self.devices.add(_op_device(func, args, kwargs))
