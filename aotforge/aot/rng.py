@@ -31,11 +31,11 @@ Before (joint, checkpointed dropout)::
     native_dropout = aten.native_dropout(primals_1, 0.5, True)        # forward
     native_dropout_1 = aten.native_dropout(primals_1, 0.5, True)      # recompute in backward
 
-After, eager scheme::
+After, eager scheme (other random ops use run_and_save_rng_state / run_with_rng_state)::
 
-    run_and_save_rng_state = higher_order.run_and_save_rng_state(aten.native_dropout.default, primals_1, 0.5, True)
-    state = run_and_save_rng_state[0]; native_dropout = run_and_save_rng_state[1]
-    native_dropout_1 = higher_order.run_with_rng_state(state, aten.native_dropout.default, primals_1, 0.5, True)
+    dropout_saving_state = aotforge.dropout_saving_state(primals_1, 0.5, True)   # (state, out, mask)
+    getitem = dropout_saving_state[0]
+    dropout_at_state = aotforge.dropout_at_state(getitem, primals_1, 0.5, True)  # (out, mask)
 
 After, philox scheme (``primals_2`` is the seed)::
 
@@ -57,6 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import philox
 from ..config import config
+from .functional import FunctionalTensor
 from .schemas import InputInfo
 
 aten = torch.ops.aten
@@ -361,6 +362,12 @@ def _static_numel(op, args, kwargs) -> Optional[int]:
     return numel
 
 
+def _draw_dtype(op, args, kwargs) -> torch.dtype:
+    if op.overloadpacket is aten.rand:
+        return kwargs.get("dtype") or torch.get_default_dtype()
+    return kwargs.get("dtype") or args[0].dtype
+
+
 def _draw_size(op, args, kwargs) -> Sequence:
     if op.overloadpacket in (aten.rand,):
         return list(args[0])
@@ -493,13 +500,13 @@ class RandomOps:
     def traced_seed(self) -> torch.Tensor:
         """The seed input as the tracer sees it (below functionalization)."""
         seed = self._seed
-        if hasattr(seed, "elem"):
+        if isinstance(seed, FunctionalTensor):
             seed = torch._from_functional_tensor(seed.elem)
         return seed
 
     def record_philox_draw(self, op, args, kwargs, device, numel) -> None:
         spec = pytree.tree_map_only(torch.Tensor, lambda t: (tuple(t.shape), t.dtype), (args, kwargs))
-        self.philox_draws.append((op, spec, numel))
+        self.philox_draws.append((op, spec, numel, _draw_dtype(op, args, kwargs)))
 
     # --- the wrapper --------------------------------------------------------------------------
 
@@ -523,7 +530,10 @@ class RandomOps:
             return run
         device = self.device
         if device.type == "cuda":
-            increment = sum(philox.cuda_offset_increment(n, device) for _, _, n in self.philox_draws)
+            increment = sum(
+                philox.cuda_offset_increment(n, device, fused_dropout=op.overloadpacket is aten.native_dropout, dtype=dtype)
+                for op, _, n, dtype in self.philox_draws
+            )
             generator = _generator(device)
 
             def seeded_run(args: list) -> list:
@@ -534,7 +544,7 @@ class RandomOps:
                 return outputs
 
             return seeded_run
-        replays = [(op, spec) for op, spec, _ in self.philox_draws]
+        replays = [(op, spec) for op, spec, _, _ in self.philox_draws]
 
         def seeded_cpu_run(args: list) -> list:
             state = torch.get_rng_state()
