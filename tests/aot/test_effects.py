@@ -167,6 +167,7 @@ def test_partitioners_agree_on_effects():
 @pytest.fixture(scope="module")
 def effectful_custom_op():
     """A custom op registered through torch.library and marked as ordered-effectful."""
+    from torch._higher_order_ops import effects as torch_effects
     from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
 
     log: list = []
@@ -180,7 +181,10 @@ def effectful_custom_op():
     lib._register_fake("record", lambda x, tag: None)
     handle = _register_effectful_op(torch.ops.aotforge_test_effects.record.default, _EffectType.ORDERED)
     yield torch.ops.aotforge_test_effects.record.default, log
-    handle.destroy()
+    if hasattr(handle, "destroy"):  # torch >= 2.12 returns a registration handle
+        handle.destroy()
+    else:
+        torch_effects._deregister_effectful_op(torch.ops.aotforge_test_effects.record.default)
     lib._destroy()
 
 
