@@ -321,3 +321,14 @@ def test_philox_reference_matches_known_values():
     assert 0 <= a.min() and a.max() < 1
     assert abs(a.mean().item() - 0.5) < 0.03
     assert not torch.equal(a, philox_rand(seed + 1, 0, [1000], torch.float32))
+
+
+def test_manual_seed_under_dynamo_follows_eager():
+    """Under torch.compile, Dynamo runs torch.manual_seed itself (a graph break), and the graphs
+    after it draw from the reseeded generator: values, gradients and state equal eager's."""
+    def fn(x):
+        torch.manual_seed(0)
+        return torch.nn.functional.dropout(x, 0.5, True) * torch.rand(x.shape, dtype=D)
+
+    make = lambda: (torch.randn(16, dtype=D, requires_grad=True),)  # noqa: E731
+    _assert_steps_equal(_step(_dynamo(fn), make, seed=5), _step(fn, make, seed=5))
