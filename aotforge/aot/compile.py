@@ -76,7 +76,7 @@ def compile_flat(
     # Fakes aligned with the caller's arguments (duplicates repeated), for shape guards.
     original_fake_args = [fake_args[i] for i in transforms[0].source] if transforms else fake_args
 
-    random_ops = RandomOps(is_training)
+    random_ops = RandomOps()
 
     def collect(fn, args):
         with fake_mode:

@@ -206,7 +206,6 @@ class Draw:
     device: torch.device
     state: Optional[torch.Tensor] = None  # eager scheme: the state it started from (traced)
     counter_base: Any = None  # philox scheme: the first counter it used
-    numel: Any = None
 
 
 class Session:
@@ -302,7 +301,7 @@ class Session:
             numel = _static_numel(op, args, kwargs)
             if numel is not None and (fresh or draw.counter_base is not None):
                 if fresh:
-                    draw.counter_base, draw.numel = self.counter, numel
+                    draw.counter_base = self.counter
                     self.counter += numel
                     self.plan.record_philox_draw(op, args, kwargs, device, numel)
                 return lowering(self.plan.traced_seed(), draw.counter_base, *args, **kwargs)
@@ -445,15 +444,13 @@ class RandomOps:
     scheme, and (as a wrapper in the compile's list) adds the seed input and feeds it at
     runtime."""
 
-    def __init__(self, is_training: bool):
-        self.is_training = is_training
+    def __init__(self):
         self.devices: set = set()
         self.functionalized = False
         self.scheme: Optional[str] = None
         self.device: Optional[torch.device] = None
         self._seed = None  # the seed argument while tracing
-        self.philox_draws: list[tuple] = []  # (op, args spec, numel) per first philox draw
-        self.session: Optional[Session] = None
+        self.philox_draws: list[tuple] = []  # (op, args spec, numel, dtype) per first philox draw
 
     # --- metadata collection --------------------------------------------------------------
 
@@ -495,7 +492,6 @@ class RandomOps:
                 yield
         finally:
             _active.session = previous
-            self.session = session
 
     def traced_seed(self) -> torch.Tensor:
         """The seed input as the tracer sees it (below functionalization)."""
