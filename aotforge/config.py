@@ -28,6 +28,14 @@ class Config:
     # --- AOT autograd -------------------------------------------------------------------
     # Recompile this many times for one function before raising instead.
     cache_size_limit: int = 8
+    # Functionalized RNG in training graphs: random ops take their randomness from a graph
+    # input (a philox seed) or save the generator state they drew from, so that the backward's
+    # recomputation (min-cut, torch.utils.checkpoint) redraws the forward's numbers exactly and
+    # the global generator advances as eager's (aot/rng.py). Off: random ops draw as they run.
+    functionalize_rng: bool = True
+    # Random ops run through ATen on eager's generator (no philox in kernels): the same masks
+    # as eager bit for bit, at the cost of generating them outside fused kernels.
+    fallback_random: bool = False
 
     # --- partitioner ----------------------------------------------------------------------
     # 1.0: min-cut optimized for speed; lower values recompute more (0 saves only inputs).

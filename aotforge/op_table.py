@@ -88,6 +88,9 @@ def _table() -> dict:
     # functions the backward may replay; CSE still leaves each draw alone.
     if hasattr(torch.ops, "rngprims"):
         add(torch.ops.rngprims, "philox_rand", POINTWISE, distinct=True)
+    # A redraw at a saved generator state (aot/rng.py, eager scheme) is as pure as philox.
+    add(torch.ops.higher_order, "run_with_rng_state", POINTWISE, distinct=True)
+    add(torch.ops.higher_order, "run_and_save_rng_state", RANDOM, distinct=True)
     table[operator.getitem] = OpInfo(GETITEM)
     return table
 
@@ -99,6 +102,13 @@ OPS: dict = _table()
 LATE_OPS: dict[str, OpInfo] = {
     "prims::_low_memory_max_pool_with_offsets": OpInfo(REDUCTION),
     "prims::_low_memory_max_pool_offsets_to_indices": OpInfo(INDEXING),
+    # aotforge/philox.py: functionalized RNG's draws, pure functions of their seed.
+    "aotforge::philox_rand": OpInfo(POINTWISE, distinct=True),
+    # aot/rng.py's eager scheme for dropout: a draw that saves its state, and a redraw at it
+    "aotforge::dropout_saving_state": OpInfo(RANDOM, distinct=True),
+    "aotforge::dropout_at_state": OpInfo(POINTWISE, distinct=True),
+    # effect tokens (aot/effects.py): a token is free to make wherever it is needed
+    "prims::_make_token": OpInfo(CREATION, distinct=True),
 }
 
 _UNKNOWN = OpInfo(UNKNOWN)

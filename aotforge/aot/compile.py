@@ -16,9 +16,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
 from ..config import config as global_config
+from .effects import partition_with_effects
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
+from .rng import RandomOps
 from .runtime import check_outputs_once, make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
 from .subclasses import TensorSubclasses, check_supported_inputs, is_subclass
@@ -83,10 +85,12 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     # Fakes aligned with the caller's arguments (duplicates repeated), for shape guards.
     original_fake_args = [fake_args[i] for i in transforms[0].source] if transforms else fake_args
 
+    random_ops = RandomOps()
+
     def collect(fn, args):
         with fake_mode:
             return collect_metadata(
-                fn,
+                random_ops.watch(fn),
                 args,
                 is_training=is_training,
                 keep_inference_input_mutations=config.keep_inference_input_mutations,
@@ -108,6 +112,11 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     debug.artifact("metadata", f"{config.name}_metadata", meta.describe(), suffix=".txt")
     # A training call whose outputs need no gradient is compiled as inference.
     meta.is_training = is_training and any(meta.graph_output_requires_grad())
+    # Random ops whose draws the backward may redo take a seed input, or save their state.
+    random_ops.decide(meta.is_training)
+    if random_ops.functionalized:
+        transforms.append(random_ops)
+        flat_fn, fake_args = random_ops.pre_compile(flat_fn, fake_args, meta)
     graph_fn = graph_outputs_fn(flat_fn, meta)
     # Tensor subclasses among the inputs or outputs: the graphs see their inner tensors.
     subclasses = (
@@ -116,15 +125,15 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
         else None
     )
     if meta.is_training:
-        run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode, subclasses)
+        run = _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config, fake_mode, random_ops,
+                                subclasses)
     else:
-        run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, subclasses, graph_output_fakes)
+        run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, random_ops, subclasses)
     return apply_post_compile(run, transforms), meta, original_fake_args
 
 
-def _compile_inference(
-    graph_fn, fake_args, meta, config: AOTConfig, fake_mode, subclasses=None, graph_output_fakes=()
-) -> Callable:
+def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode, random_ops,
+                       subclasses=None) -> Callable:
     traced_fn, traced_args, traced_meta = graph_fn, fake_args, meta
     if subclasses is not None:
         traced_fn = subclasses.pre_compile(graph_fn)
@@ -132,10 +141,11 @@ def _compile_inference(
     # Traced in the caller's grad mode, not under no_grad: a function that differentiates
     # inside (torch.autograd.grad) needs grad mode, and Dynamo's graphs rely on the grad mode
     # they were captured in. The graph is plain ATen either way, and runs under no_grad.
-    forward = trace_forward(
-        traced_fn, traced_args, traced_meta, decompositions=config.decompositions, fake_mode=fake_mode,
-        functionalize=not getattr(config, "disable_functionalization", False),
-    )
+    with random_ops.tracing():
+        forward = trace_forward(
+            traced_fn, traced_args, traced_meta, decompositions=config.decompositions, fake_mode=fake_mode,
+            functionalize=not getattr(config, "disable_functionalization", False),
+        )
     check_graph_constants(forward, grad_enabled=torch.is_grad_enabled())
     debug.graph_artifact("graphs", f"{config.name}_inference", forward)
     with torch.no_grad():
@@ -147,12 +157,13 @@ def _compile_inference(
     return make_inference_runtime(compiled, meta, fake_args)
 
 
-def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode, subclasses=None):
+def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOTConfig, fake_mode, random_ops,
+                      subclasses=None):
     user_meta, user_fake_args = meta, fake_args  # what the runtime sees (subclass level)
     tangents = make_tangents(graph_output_fakes, meta)
     functionalize = not getattr(config, "disable_functionalization", False)
     static_inputs = list(config.static_input_indices)
-    with torch.enable_grad():
+    with torch.enable_grad(), random_ops.tracing():
         mutated_in_backward: list[int] = []
         if subclasses is None:
             joint, mutated_in_backward = trace_joint(
@@ -176,7 +187,7 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
     num_outputs = meta.num_graph_outputs if subclasses is None else subclasses.num_plain_outputs
-    forward, backward = config.partition_fn(
+    forward, backward = partition_with_effects(config.partition_fn)(
         joint,
         [*fake_args, *tangents],
         num_fwd_outputs=num_outputs,

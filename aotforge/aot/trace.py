@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from . import effects, rng
 from .functional import (
     FunctionalTensor,
     FunctionalTensorMode,
@@ -90,6 +91,7 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         # The forward's values of mutated inputs, before the backward changes them again.
         forward_outputs = [_current_value(o) if i < num_mutated else o for i, o in enumerate(outputs)]
         before_backward = [_current_value(p) for p in primals]
+        effects.end_phase("forward")  # the backward's effects get a chain of their own
         grad_outputs = [o for o, d in zip(outputs, differentiable) if d]
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
         grads = []
@@ -156,6 +158,7 @@ def _functionalized(fn: Callable, kept_mutations: Sequence[int], arity: int) -> 
         with below_functionalization():
             functional_args = pytree.tree_map(to_functional, args)
             outputs = fn(*functional_args)
+            effects.end_phase("forward" if arity == 1 else "backward")
         results = pytree.tree_map(from_functional, outputs)
         flat_args = pytree.tree_leaves(args)
         flat_functional = pytree.tree_leaves(functional_args)
@@ -197,7 +200,7 @@ def trace(
     with TRACE_LOCK, recording_source_lines(), fake_mode, enable_python_dispatcher(), functional_mode:
         gm = make_fx(
             traced_fn,
-            decomposition_table=decompositions,
+            decomposition_table=rng.trace_decompositions(decompositions),
             record_module_stack=True,
         )(*args)
     # Compilers take flat placeholders and return a flat tuple: drop make_fx's pytree codegen.
@@ -206,6 +209,7 @@ def trace(
         gm.__dict__.pop(stale, None)
     (output,) = gm.graph.find_nodes(op="output")
     output.args = (tuple(pytree.tree_leaves(output.args[0], is_leaf=lambda x: x is None)),)
+    effects.finish_trace(gm)
     gm.graph.eliminate_dead_code()
     copy_forward_source_to_backward(gm)
     gm.recompile()

@@ -383,7 +383,12 @@ def save_only_inputs(graph: fx.Graph, info: JointInfo) -> list[fx.Node]:
     for node in graph.nodes:
         if node in info.live and _always_banned(node):
             saveable.add(node)
-            saveable.update(u for u in node.users if u.target is operator.getitem)
+            # its elements, also nested ones (run_and_save_rng_state returns (state, (out, mask)))
+            elements = [u for u in node.users if u.target is operator.getitem]
+            while elements:
+                element = elements.pop()
+                saveable.add(element)
+                elements.extend(u for u in element.users if u.target is operator.getitem)
     everything = {n for n in graph.nodes if _banned(n) and not _always_banned(n)}
     return solve_min_cut(graph, info, recomputable=everything, saveable=saveable)
 

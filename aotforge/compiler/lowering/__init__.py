@@ -1,5 +1,5 @@
 """Lowering: FX graph of ATen ops -> loop IR. Importing this package fills ``LOWERINGS``."""
-from . import misc, pointwise, reductions, views  # noqa: F401  (each registers its lowerings)
+from . import misc, pointwise, random, reductions, views  # noqa: F401  (each registers its lowerings)
 from .graph import GraphLowering, lower
 from .registry import LOWERINGS, LoweringContext, NotLowerable
 
