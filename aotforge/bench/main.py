@@ -120,15 +120,16 @@ def describe_environment(device: torch.device) -> dict[str, Any]:
 def _busy_warning(threads: int) -> tuple[float | None, str]:
     """The 1-minute load average, and a warning when other processes already keep the CPUs
     busy while the run uses several threads: a parallel region then waits for its threads'
-    time slices, and a 20 us step can take 16 ms (rows become the scheduler's tick, not the
-    step). One thread is not held up that way."""
+    time slices, and a 20 us step can take 16 ms (measured on a 2-CPU machine at load 2.5: the
+    rows show the scheduler, not the step). One thread is not held up that way."""
     if not hasattr(os, "getloadavg"):
         return None, ""
     load = round(os.getloadavg()[0], 2)
     cpus = os.cpu_count() or 1  # the load average counts the whole machine's runnable threads
     if threads > 1 and load > cpus - threads + 0.5:
         return load, (f"the load average is {load:g} on {cpus} CPU(s) before the run starts: with {threads} "
-                      "threads, steps wait for busy CPUs and times jump by whole scheduler ticks; "
+                      "threads, a parallel region can wait a whole time slice (milliseconds) for a CPU another "
+                      "process holds, and a step of microseconds is timed as that wait; "
                       "--threads 1 gives steadier numbers on a shared machine")
     return load, ""
 
