@@ -68,6 +68,23 @@ for _name, _fn in TEST_BACKENDS.items():
         register_backend(compiler_fn=_fn, name=_name)
 
 
+@pytest.fixture(autouse=True)
+def keep_threads_and_affinity():
+    """``main`` pins the process's threads and CPUs: give the rest of the session its own back."""
+    import os
+
+    threads = torch.get_num_threads()
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    yield
+    torch.set_num_threads(threads)
+    if affinity is not None:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), affinity)
+            except OSError:
+                pass
+
+
 def by_key(results):
     return {(r["workload"], r["mode"], r["backend"]): r for r in results}
 
@@ -83,7 +100,7 @@ def test_quick_cpu_smoke_run(tmp_path, capsys):
     assert "| workload | mode | backend | status | median ms | spread | speedup | vs inductor |" in out
     assert "GB/s" not in out  # no bandwidth on CPU
     assert re.search(r"\| mlp \| train \| eager \| OK \| [0-9.]+ \| ±\d+% \|", out), out
-    assert f"{torch.get_num_threads()} threads (pinned" in out
+    assert "1 thread (pinned" in out  # --quick on the CPU: one thread unless --threads says otherwise
     assert "alternating rounds" in out  # the legend says how rows were timed
     payload = json.loads(path.read_text())
     assert payload["meta"]["device"] == "cpu" and payload["meta"]["quick"] is True
@@ -371,25 +388,26 @@ def test_the_backend_timeout_counts_time_spent_in_rounds(monkeypatch):
 def test_pin_cpu_threads_caps_at_the_cpus_allowed_and_reports_them():
     import os
 
-    threads = torch.get_num_threads()
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    try:
-        count, cpus = measure.pin_cpu_threads(10_000)
-        assert count == torch.get_num_threads() == (len(affinity) if affinity else 10_000)
-        if affinity is not None and cpus is not None:
-            assert cpus == sorted(affinity) and os.sched_getaffinity(0) == affinity
-        count, cpus = measure.pin_cpu_threads(1)
-        assert count == torch.get_num_threads() == 1
-        if cpus is not None:
-            assert cpus == sorted(affinity)[:1] and os.sched_getaffinity(0) == set(cpus)
-    finally:
-        torch.set_num_threads(threads)
-        if affinity is not None:
-            for tid in os.listdir("/proc/self/task"):
-                try:
-                    os.sched_setaffinity(int(tid), affinity)
-                except OSError:
-                    pass
+    count, cpus = measure.pin_cpu_threads(10_000)
+    assert count == torch.get_num_threads() == (len(affinity) if affinity else 10_000)
+    if affinity is not None and cpus is not None:
+        assert cpus == sorted(affinity) and os.sched_getaffinity(0) == affinity
+    count, cpus = measure.pin_cpu_threads(1)
+    assert count == torch.get_num_threads() == 1
+    if cpus is not None:
+        assert cpus == sorted(affinity)[:1] and os.sched_getaffinity(0) == set(cpus)
+
+
+def test_threads_option(tmp_path, capsys):
+    argv = ["--quick", "--device", "cpu", "--workloads", "softmax", "--modes", "infer", "--backends", "eager",
+            "--repeat", "2", "--json", str(tmp_path / "b.json")]
+    assert main(argv + ["--threads", "10000"]) == 0
+    captured = capsys.readouterr()
+    assert "--threads 10000 is more than the" in captured.err
+    assert json.loads((tmp_path / "b.json").read_text())["meta"]["threads"] == torch.get_num_threads()
+    assert main(argv[:-2] + ["--threads", "0"]) == 2
+    assert "--threads must be at least 1" in capsys.readouterr().err
 
 
 def test_a_busy_machine_is_reported_when_several_threads_are_used(monkeypatch):
