@@ -421,3 +421,24 @@ def test_a_busy_machine_is_reported_when_several_threads_are_used(monkeypatch):
     assert main_module._busy_warning(1)[1] == ""
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert main_module._busy_warning(2)[1] == ""
+
+
+def test_a_compile_inside_a_timed_round_is_noted_on_the_row(monkeypatch):
+    from torch._dynamo.utils import counters
+
+    clock, log = FakeTime(), []
+    monkeypatch.setattr(measure, "time", clock)
+    counters.clear()
+    calls = iter(range(100))
+
+    def recompiling_step():  # a guard failing in round 2: Dynamo compiles a new graph there
+        if next(calls) == 2:
+            counters["stats"]["unique_graphs"] += 1
+        clock.now += 2e-3
+
+    steady = live("eager", scripted_step(clock, [2] * 4, log, "s"))
+    flaky = live("aotforge", recompiling_step)
+    runner.time_rounds([steady, flaky], runner.Settings(torch.device("cpu"), torch.float32, repeat=3))
+    assert flaky.result.status == "OK" and flaky.result.reason == "Dynamo recompiled while it was timed"
+    assert steady.result.reason == ""
+    counters.clear()

@@ -348,7 +348,7 @@ def time_rounds(live: list[Live], settings: Settings) -> None:
                 continue
             finally:
                 entry.used_s += time.perf_counter() - begin
-            entry.recompiled |= counters["stats"]["unique_graphs"] != graphs
+            entry.recompiled |= index > 0 and counters["stats"]["unique_graphs"] != graphs
         times = clock.finish()
         if index > 0:
             for entry in live:
