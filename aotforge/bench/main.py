@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = ""
     if "threads" in meta:
         count = meta["threads"]
-        threads = f", {count} thread{'s' if count != 1 else ''} (pinned" + (f" to CPUs {meta['cpus']})" if meta["cpus"] else ")")
+        threads = f", {count} thread{'s' if count != 1 else ''} (pinned" + (f" to CPU{'s' if count > 1 else ''} {meta['cpus']})" if meta["cpus"] else ")")
         if meta.get("load_average") is not None:
             threads += f", load average {meta['load_average']:g} at the start"
     print(f"\n## {meta['date']}: {meta.get('gpu', meta.get('cpu'))}{threads}, torch {meta['torch']}, {args.dtype}"
