@@ -52,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
                    help="train (forward + backward), infer, or both (default)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--repeat", type=int, default=None, help="timed steps per backend (default 20; 5 with --quick)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="timed rounds; each times every backend once, in rotating order (default 20; 10 with --quick)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps before timing (default 3; 1 with --quick)")
     p.add_argument("--json", type=Path, default=None,
                    help="where to write the results (default bench_out/bench-<device>-<dtype>.json); "
@@ -64,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
                    help="start nothing new after this many seconds; what is left is SKIPPED")
     p.add_argument("--backend-timeout", type=float, default=None, metavar="SECONDS",
                    help="FAIL a backend that takes longer than this on one workload and mode")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU: torch threads, and the process pinned to as many CPUs (default: 1 with --quick, "
+                   "whose steps are too small to share; else torch's count, at most the CPUs this process may use)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p
 
@@ -113,6 +117,34 @@ def describe_environment(device: torch.device) -> dict[str, Any]:
     return meta
 
 
+def _busy_warning(threads: int) -> tuple[float | None, str]:
+    """The 1-minute load average, and a warning when other processes already keep the CPUs
+    busy while the run uses several threads: a parallel region then waits for its threads'
+    time slices, and a 20 us step can take 16 ms (measured on a 2-CPU machine at load 2.5: the
+    rows show the scheduler, not the step). One thread is not held up that way."""
+    if not hasattr(os, "getloadavg"):
+        return None, ""
+    load = round(os.getloadavg()[0], 2)
+    cpus = os.cpu_count() or 1  # the load average counts the whole machine's runnable threads
+    if threads > 1 and load > cpus - threads + 0.5:
+        return load, (f"the load average is {load:g} on {cpus} CPU(s) before the run starts: with {threads} "
+                      "threads, a parallel region can wait a whole time slice (milliseconds) for a CPU another "
+                      "process holds, and a step of microseconds is timed as that wait; "
+                      "--threads 1 gives steadier numbers on a shared machine")
+    return load, ""
+
+
+def _cpu_list(cpus: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    spans: list[list[int]] = []
+    for cpu in cpus:
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -130,24 +162,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     device = _device(args.device)
     dtype = DTYPES[args.dtype]
-    for name, value in (("--repeat", args.repeat), ("--warmup", args.warmup)):
-        if value is not None and value < (1 if name == "--repeat" else 0):
-            print(f"bench: {name} must be at least {1 if name == '--repeat' else 0}, got {value}", file=sys.stderr)
+    for name, value, least in (("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0), ("--threads", args.threads, 1)):
+        if value is not None and value < least:
+            print(f"bench: {name} must be at least {least}, got {value}", file=sys.stderr)
             return 2
     settings = runner.Settings(
         device=device, dtype=dtype, quick=args.quick,
         warmup=args.warmup if args.warmup is not None else (1 if args.quick else 3),
-        repeat=args.repeat if args.repeat is not None else (5 if args.quick else 20),
+        repeat=args.repeat if args.repeat is not None else (10 if args.quick else 20),
         float64_reference=args.float64_reference,
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
         backend_timeout=args.backend_timeout,
     )
+    pinned = None
     if device.type == "cpu":
-        # Pinned for the whole run, so that every backend's steps use the same thread pool.
-        torch.set_num_threads(torch.get_num_threads())
+        # Fixed for the whole run, so that every backend's steps use the same threads and CPUs.
+        # Quick sizes gain nothing from a second thread (the same medians within 20% at 1 and 2
+        # threads on a 2-CPU machine), but on a busy machine every parallel region can wait a
+        # time slice for it: 20 us steps timed at 16 ms, and ratios of 0.003x between two runs.
+        threads, pinned = runner.measure.pin_cpu_threads(args.threads or (1 if args.quick else None))
+        if args.threads is not None and threads < args.threads:
+            print(f"bench: --threads {args.threads} is more than the {threads} CPU(s) this process may use; "
+                  f"using {threads}", file=sys.stderr)
     meta = describe_environment(device)
+    if device.type == "cpu":
+        meta["cpus"] = None if pinned is None else _cpu_list(pinned)
+        busy = _busy_warning(meta["threads"])
+        meta["load_average"] = busy[0]
+        if busy[1]:
+            print(f"bench: {busy[1]}", file=sys.stderr, flush=True)
     meta.update(dtype=args.dtype, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
-                backends=args.backends, modes=args.modes)
+                min_batch_ms=runner.measure.MIN_BATCH_S * 1e3, backends=args.backends, modes=args.modes)
     copy_bytes_per_s = None
     if device.type == "cuda" and any(w.suite == "micro" for w in workloads):
         numel = 2**20 if args.quick else 2**26
@@ -162,13 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_progress=lambda so_far: report.write_json(json_path, meta, so_far),
     )
 
-    memory = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak resident set size of the process"
-    threads = f", {meta['threads']} threads (pinned)" if "threads" in meta else ""
+    memory = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "the process's peak resident set size"
+    threads = ""
+    if "threads" in meta:
+        count = meta["threads"]
+        threads = f", {count} thread{'s' if count != 1 else ''} (pinned" + (f" to CPU{'s' if count > 1 else ''} {meta['cpus']})" if meta["cpus"] else ")")
+        if meta.get("load_average") is not None:
+            threads += f", load average {meta['load_average']:g} at the start"
     print(f"\n## {meta['date']}: {meta.get('gpu', meta.get('cpu'))}{threads}, torch {meta['torch']}, {args.dtype}"
           f"{', quick sizes' if args.quick else ''}\n")
     gpu = device.type == "cuda"
     print(report.table(results, bandwidth=gpu))
-    print("\n" + report.LEGEND.format(memory=memory) + (report.LEGEND_BANDWIDTH if gpu else ""))
+    print("\n" + report.LEGEND.format(memory=memory, min_batch_ms=runner.measure.MIN_BATCH_S * 1e3) + (report.LEGEND_BANDWIDTH if gpu else ""))
     report.write_json(json_path, meta, results)
     written = [str(json_path)]
     chart = json_path.with_suffix(".png")

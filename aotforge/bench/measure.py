@@ -2,23 +2,33 @@
 
 What is measured where:
 
-- **CUDA**: each step is bracketed by CUDA events (after warm-up), the device synchronized
-  before reading them; the median over repeats is reported. Peak memory is
-  ``torch.cuda.max_memory_allocated`` over the timed steps, after a reset.
-- **CPU**: wall clock (``time.perf_counter``) per step, median over repeats. Peak memory is the
-  process's peak resident set size over the timed steps (Linux ``VmHWM``, reset through
-  ``/proc/self/clear_refs``); where it cannot be reset it is the process's lifetime peak.
+- **Rounds**: the runner keeps every backend of one workload and mode alive and times them in
+  alternating rounds (:class:`RoundClock`), so that load from other processes, which comes and
+  goes over seconds, falls on every backend alike instead of on whole rows. A step shorter than
+  :data:`MIN_BATCH_S` is timed as a batch of steps (the batch's time over its length), so that
+  no row is a timer's resolution or one preemption.
+- **CUDA**: each batch is bracketed by CUDA events; the batches of one round are queued back to
+  back (as steps of a training loop are) and the device synchronized once per round, before
+  the events are read. Peak memory is ``torch.cuda.max_memory_allocated`` over the warm-up
+  steps, after a reset, less what was allocated before the backend's copy of the model was made
+  (the other backends' models, still alive for the rounds).
+- **CPU**: wall clock (``time.perf_counter``) per batch. Peak memory is the process's peak
+  resident set size over the warm-up steps (Linux ``VmHWM``, reset through
+  ``/proc/self/clear_refs``) less its resident set before the backend's copy was made; where
+  the peak cannot be reset it is the process's lifetime peak, less the same. Threads are fixed
+  (and the process pinned to as many CPUs) by :func:`pin_cpu_threads`.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import statistics
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterator, Sequence
 
 import torch
 
@@ -43,33 +53,139 @@ def time_first_call(step: Callable[[], object], device: torch.device) -> tuple[o
     return result, time.perf_counter() - start
 
 
+# A step shorter than this is timed as a batch of steps lasting about this long: one step of a
+# small workload is tens of microseconds, close to what a single call of the clock, a cache miss
+# or a preemption costs.
+MIN_BATCH_S = 1e-3
+MAX_BATCH = 10_000
+
+
+def warm_up(step: Callable[[], object], device: torch.device, warmup: int, min_warmup_s: float = 0.0) -> float:
+    """Run ``step`` at least ``warmup`` times and for at least ``min_warmup_s`` together (at most
+    100 calls; the first steps of a process can run far slower than the rest: thread pools,
+    memory growing); return the seconds one step takes, the median over the later half of the
+    calls (at least one call is made)."""
+    times = []
+    start = time.perf_counter()
+    for count in range(100):
+        if count >= max(warmup, 1) and time.perf_counter() - start >= min_warmup_s:
+            break
+        begin = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times[len(times) // 2:])
+
+
+def batch_size(step_s: float, min_batch_s: float = MIN_BATCH_S) -> int:
+    """How many steps one timed CUDA batch holds: enough to last ``min_batch_s`` (1 for slow
+    steps), judged from the warm-up."""
+    if step_s <= 0:
+        return MAX_BATCH
+    return max(1, min(MAX_BATCH, math.ceil(min_batch_s / step_s)))
+
+
+class RoundClock:
+    """Times the batches of one round: ``clock.time(key, step, count)`` for each backend, then
+    ``clock.finish()`` gives milliseconds per step, by key, and ``clock.steps`` each batch's length.
+
+    On the CPU a batch runs steps until it has lasted :data:`MIN_BATCH_S` (at least one step;
+    ``count`` is not needed there), by the wall clock: a step that stalls (a preemption, a
+    parallel region waiting for a time slice) ends its batch instead of multiplying by a fixed
+    count. On CUDA a batch is ``count`` steps bracketed by events, and nothing waits between
+    batches (each starts as soon as the previous one's work is queued, as in a training loop);
+    ``finish`` synchronizes once and reads the events.
+    """
+
+    def __init__(self, device: torch.device, min_batch_s: float = MIN_BATCH_S) -> None:
+        self.device = device
+        self.min_batch_s = min_batch_s
+        self.steps: dict[Hashable, int] = {}
+        self.cpu_ms: dict[Hashable, float] = {}
+        self.events: dict[Hashable, tuple[object, object]] = {}
+
+    def time(self, key: Hashable, step: Callable[[], object], count: int) -> None:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(count):
+                step()
+            end.record()
+            self.events[key], self.steps[key] = (start, end), count
+            return
+        done, begin = 0, time.perf_counter()
+        while True:
+            step()
+            done += 1
+            elapsed = time.perf_counter() - begin
+            if elapsed >= self.min_batch_s or done >= MAX_BATCH:
+                break
+        self.cpu_ms[key], self.steps[key] = elapsed * 1e3 / done, done
+
+    def finish(self) -> dict[Hashable, float]:
+        if self.events:
+            torch.cuda.synchronize(self.device)
+        times = dict(self.cpu_ms)
+        for key, (start, end) in self.events.items():
+            times[key] = start.elapsed_time(end) / self.steps[key]
+        return times
+
+
+def rotated(items: Sequence, round_index: int) -> list:
+    """``items`` starting at position ``round_index`` (mod its length): round r's order, so that
+    no backend always runs first (after a slower one's caches, or right after a compile)."""
+    if not items:
+        return []
+    shift = round_index % len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
 def time_steps(
     step: Callable[[], object], device: torch.device, warmup: int, repeat: int, min_warmup_s: float = 0.0
 ) -> list[float]:
-    """Milliseconds of each of ``repeat`` calls of ``step``, after at least ``warmup`` untimed
-    calls that last at least ``min_warmup_s`` together (at most 100 calls): the first steps
-    of a process can run far slower than the rest (thread pools, memory growing), and a median
-    over too few warm steps would report that instead of the step."""
-    start = time.perf_counter()
-    for count in range(100):
-        if count >= warmup and time.perf_counter() - start >= min_warmup_s:
-            break
-        step()
-        synchronize(device)
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
-        for start, end in events:
-            start.record()
-            step()
-            end.record()
-        torch.cuda.synchronize(device)
-        return [start.elapsed_time(end) for start, end in events]
+    """Milliseconds per step of ``repeat`` batches of ``step`` (one step each unless a step is
+    shorter than :data:`MIN_BATCH_S`), after :func:`warm_up`: one step function timed alone,
+    as the copy bandwidth is; the runner interleaves backends instead."""
+    count = batch_size(warm_up(step, device, warmup, min_warmup_s))
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
+        clock = RoundClock(device)
+        clock.time(0, step, count)
+        times.append(clock.finish()[0])
     return times
+
+
+def pin_cpu_threads(threads: int | None = None) -> tuple[int, list[int] | None]:
+    """Fix torch's intra-op thread count for the whole run and pin the process to that many CPUs.
+
+    ``threads`` defaults to torch's own count and is capped at the CPUs this process may run on
+    (a container or ``taskset`` may allow fewer than the machine has, and a thread without a CPU
+    of its own makes every parallel region wait for a time slice). Every thread of the process
+    is then restricted to the first ``threads`` of those CPUs (Linux; elsewhere only the count is
+    fixed). Returns the count and the CPUs, or None for the CPUs where affinity is unavailable
+    or was refused."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    count = threads or torch.get_num_threads()
+    count = max(1, min(count, len(allowed)) if allowed else count)
+    torch.set_num_threads(count)
+    if not allowed or not hasattr(os, "sched_setaffinity"):
+        return count, None
+    cpus = allowed[:count]
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return count, None
+    # On Linux affinity belongs to a thread: the pools torch has already started keep theirs.
+    try:
+        others = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        others = []
+    for tid in others:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass  # the thread ended meanwhile
+    return count, cpus
 
 
 class OutOfTime(BaseException):
@@ -77,17 +193,22 @@ class OutOfTime(BaseException):
     that catch Exception to fall back (Dynamo, autotuners) let it through."""
 
 
+def out_of_time_message(seconds: float) -> str:
+    return f"did not finish within {seconds:g} s (--backend-timeout)"
+
+
 @contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
+def time_limit(seconds: float | None, whole: float | None = None) -> Iterator[None]:
     """Interrupt the block with :class:`OutOfTime` after ``seconds`` (SIGALRM; main thread on
-    Unix only, elsewhere no limit). Python code is interrupted; a long call into C is not."""
+    Unix only, elsewhere no limit). Python code is interrupted; a long call into C is not.
+    ``whole``: the limit to name in the message, when ``seconds`` is what is left of it."""
     usable = seconds and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     if not usable:
         yield
         return
 
     def interrupt(signum: int, frame: object) -> None:
-        raise OutOfTime(f"did not finish within {seconds:g} s (--backend-timeout)")
+        raise OutOfTime(out_of_time_message(whole or seconds))
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -102,11 +223,28 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-class PeakMemory:
-    """Peak memory over a region, in bytes: ``with PeakMemory(device) as peak: ...; peak.bytes``."""
+def current_bytes(device: torch.device) -> int | None:
+    """Memory in use now: ``torch.cuda.memory_allocated`` on CUDA, resident set size on the CPU
+    (None where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
-    def __init__(self, device: torch.device) -> None:
+
+class PeakMemory:
+    """Peak memory over a region, in bytes, less ``baseline`` (memory that belongs to others,
+    such as the other backends' models): ``with PeakMemory(device, base) as peak: ...; peak.bytes``."""
+
+    def __init__(self, device: torch.device, baseline: int | None = 0) -> None:
         self.device = device
+        self.baseline = baseline
         self.bytes: int | None = None
         self.what = "max_memory_allocated" if device.type == "cuda" else "peak RSS"
 
@@ -121,9 +259,12 @@ class PeakMemory:
     def __exit__(self, *exc_info: object) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.bytes = torch.cuda.max_memory_allocated(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
         else:
-            self.bytes = _peak_rss()
+            peak = _peak_rss()
+        if peak is not None and self.baseline is not None:
+            peak = max(0, peak - self.baseline)
+        self.bytes = peak
 
 
 def _reset_peak_rss() -> bool:

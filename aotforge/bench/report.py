@@ -74,11 +74,15 @@ def table(results: Sequence[Result], bandwidth: bool = True) -> str:
 
 
 LEGEND = (
-    "median ms: one step (training: forward + backward; inference: forward under no_grad); "
-    "spread: half the interquartile range of the repeats, over the median; "
-    "speedup: eager's median / this one; vs inductor: inductor's median / this one (>1 is faster "
-    "than inductor); first call s: wall time of the first step, compilation included; peak MiB: "
-    "{memory} over the timed steps; graphs: FX graphs Dynamo compiled (and graph breaks)."
+    "Every backend of a workload and mode is timed in alternating rounds (one batch each per "
+    "round, the order rotated; a step under {min_batch_ms:g} ms is timed as a batch of steps). "
+    "median ms: one step (training: forward + backward; inference: forward under no_grad), the "
+    "median over the rounds; spread: half the interquartile range over the rounds, over the "
+    "median; speedup: eager's time / this one's within a round, the median over rounds; vs "
+    "inductor: the same against inductor (>1 is faster than inductor); first call s: wall time "
+    "of the first step, compilation included; peak MiB: {memory} over the warm-up steps, less "
+    "what it was before this backend's copy of the model was made; graphs: FX graphs Dynamo "
+    "compiled (and graph breaks)."
 )
 LEGEND_BANDWIDTH = (
     " GB/s: the fewest bytes a micro kernel must move per step over its median time, and that "

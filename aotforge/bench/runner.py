@@ -1,15 +1,28 @@
-"""Run workloads under backends: build, check against eager, then time.
+"""Run workloads under backends: build, check against eager, then time them interleaved.
 
 For each workload and mode the runner
 
 1. builds the pristine case on the CPU (fixed seed);
 2. runs it once eagerly in float64 on the device (the reference that measures eager's own
    rounding error) and once eagerly in the run's dtype (what every backend must match);
-3. for each backend, after ``torch._dynamo.reset()``: copies the case to the device, compiles,
-   times the first call (compile time), compares outputs and gradients with eager
-   (WRONG, not timed, when outside tolerance), then times ``repeat`` steps after ``warmup``.
+3. for each backend in turn: copies the case to the device, compiles, times the first call
+   (compile time), compares outputs and gradients with eager (WRONG, not timed, when outside
+   tolerance), warms it up (peak memory, and how many steps one timed batch needs) and keeps
+   it alive;
+4. times the live backends in alternating rounds: one untimed round, then ``repeat`` rounds
+   in each of which every backend runs one batch, the order rotated by one each round::
 
-A failure in one workload or backend becomes a FAILED row and the run goes on.
+       round 1: eager    inductor aotforge_eager aotforge
+       round 2: inductor aotforge_eager aotforge eager
+       ...
+
+   so that load from other processes, which comes and goes over seconds, lands on every
+   backend alike rather than on whole rows. A row's median and spread are over its rounds;
+   its speedup is the median over rounds of the two backends' ratio within a round.
+
+Only one workload and mode is alive at a time: ``torch._dynamo.reset()`` and the models are
+dropped before the next. A failure in one workload or backend becomes a FAILED row and the
+run goes on.
 """
 from __future__ import annotations
 
@@ -70,8 +83,9 @@ class Result:
     graph_breaks: int | None = None
     break_reasons: list[str] = dataclasses.field(default_factory=list)
     max_error: float | None = None
-    speedup: float | None = None  # eager median / this median
-    vs_inductor: float | None = None  # inductor median / this median
+    batch: int | None = None  # steps per timed batch, the median over rounds (>1 for short steps)
+    speedup: float | None = None  # median over rounds of eager's time / this one's
+    vs_inductor: float | None = None  # median over rounds of inductor's time / this one's
     gbps: float | None = None  # micro kernels: achieved bandwidth
     copy_fraction: float | None = None  # ... over a device-to-device copy's
     traceback: str = ""
@@ -222,7 +236,33 @@ def _break_reasons() -> list[str]:
     return [f"{count}x {reason.splitlines()[0][:200]}" for reason, count in counters["graph_break"].most_common(5)]
 
 
-def run_backend(
+@dataclasses.dataclass(eq=False)  # hashed by identity: the key of its times in a round
+class Live:
+    """A backend that matched eager and is warm: compiled model, step and batch size, kept
+    alive for the rounds."""
+
+    result: Result
+    step: Callable[[], object]
+    batch: int
+    used_s: float = 0.0  # spent on it so far (compile, check, warm-up, batches): --backend-timeout
+    recompiled: bool = False  # Dynamo compiled during one of its timed batches
+    steps: list[int] = dataclasses.field(default_factory=list)  # each timed batch's length
+
+    def time_left(self, timeout: float | None) -> float | None:
+        if timeout is None:
+            return None
+        if self.used_s >= timeout:
+            raise measure.OutOfTime(measure.out_of_time_message(timeout))
+        return timeout - self.used_s
+
+
+def _fail(result: Result, error: BaseException) -> None:
+    result.status, result.reason = "FAILED", one_line(error)
+    result.traceback = _short_traceback(error)
+    result.times_ms, result.median_ms = [], None
+
+
+def start_backend(
     backend: str,
     workload: Workload,
     case: Case,
@@ -230,33 +270,38 @@ def run_backend(
     settings: Settings,
     eager: dict[str, torch.Tensor | None],
     allowed: dict[str, float],
-) -> Result:
-    """Compile, check against eager, time; FAILED (never raising) when anything goes wrong."""
+) -> tuple[Result, Live | None]:
+    """Compile, check against eager, warm up; the result and, when it matched eager, the live
+    backend to time. FAILED (never raising) when anything goes wrong.
+
+    Dynamo is not reset between the backends of one workload: the models compiled before stay
+    valid (Dynamo guards each compiled frame on the backend that compiled it)."""
     from torch._dynamo.utils import counters
 
     result = Result(workload.name, workload.suite, mode, backend, "OK")
-    torch._dynamo.reset()
-    counters.clear()
-    release(settings.device)
+    counters.clear()  # this backend's graphs and breaks only: the others do not run meanwhile
+    started = time.perf_counter()
     try:
         with measure.time_limit(settings.backend_timeout):
-            _check_and_time(result, case, settings, eager, allowed)
+            live = _check_and_warm_up(result, case, settings, eager, allowed)
     except (Exception, measure.OutOfTime) as error:  # one backend's failure must not stop the run
-        result.status, result.reason = "FAILED", one_line(error)
-        result.traceback = _short_traceback(error)
-    finally:
-        torch._dynamo.reset()
-        release(settings.device)
-    return result
+        _fail(result, error)
+        live = None
+    if live is not None:
+        live.used_s = time.perf_counter() - started
+    release(settings.device)
+    return result, live
 
 
-def _check_and_time(
+def _check_and_warm_up(
     result: Result,
     case: Case,
     settings: Settings,
     eager: dict[str, torch.Tensor | None],
     allowed: dict[str, float],
-) -> None:
+) -> Live | None:
+    # What the backends made before this one hold: not this one's memory.
+    baseline = measure.current_bytes(settings.device)
     module, inputs = prepare(case, result.mode, settings.device, settings.dtype)
     step = make_step(compile_module(result.backend, module), module, inputs, result.mode)
     out, result.compile_s = measure.time_first_call(step, settings.device)
@@ -269,13 +314,51 @@ def _check_and_time(
     del actual
     if mismatch is not None:
         result.status, result.reason = "WRONG", str(mismatch)
-        return
-    with measure.PeakMemory(settings.device) as peak:
-        result.times_ms = measure.time_steps(
-            step, settings.device, settings.warmup, settings.repeat, settings.min_warmup_s
-        )
-    result.median_ms = measure.median(result.times_ms)
+        return None
+    with measure.PeakMemory(settings.device, baseline) as peak:
+        step_s = measure.warm_up(step, settings.device, settings.warmup, settings.min_warmup_s)
     result.peak_bytes = peak.bytes
+    result.batch = measure.batch_size(step_s)
+    return Live(result, step, result.batch)
+
+
+def time_rounds(live: list[Live], settings: Settings) -> None:
+    """Time the live backends in alternating rounds (see the module's docstring): one untimed
+    round (the backends checked first have sat idle while the others compiled), then
+    ``settings.repeat`` timed ones. Each round appends one time per step to every row; a
+    backend that raises or runs out of time is FAILED and leaves the rounds."""
+    from torch._dynamo.utils import counters
+
+    live = list(live)
+    for index in range(settings.repeat + 1):
+        if index > 1 and settings.out_of_time():
+            for entry in live:
+                entry.result.reason = f"{index - 1} of {settings.repeat} rounds: {OUT_OF_TIME}"
+            break
+        clock = measure.RoundClock(settings.device)
+        for entry in measure.rotated(live, index):
+            graphs = counters["stats"]["unique_graphs"]
+            begin = time.perf_counter()
+            try:
+                with measure.time_limit(entry.time_left(settings.backend_timeout), settings.backend_timeout):
+                    clock.time(entry, entry.step, entry.batch)
+            except (Exception, measure.OutOfTime) as error:
+                _fail(entry.result, error)
+                live.remove(entry)
+                continue
+            finally:
+                entry.used_s += time.perf_counter() - begin
+            entry.recompiled |= index > 0 and counters["stats"]["unique_graphs"] != graphs
+        times = clock.finish()
+        if index > 0:
+            for entry in live:
+                entry.result.times_ms.append(times[entry])
+                entry.steps.append(clock.steps[entry])
+    for entry in live:
+        entry.result.median_ms = measure.median(entry.result.times_ms)
+        entry.result.batch = round(measure.median(entry.steps))
+        if entry.recompiled:  # its times include a compile: say so rather than hide it
+            entry.result.reason = "; ".join(filter(None, [entry.result.reason, "Dynamo recompiled while it was timed"]))
 
 
 # --- the whole run ------------------------------------------------------------------------------
@@ -307,15 +390,30 @@ def run_workload(
         reason = f"eager failed: {one_line(error)}"
         return [Result(workload.name, workload.suite, mode, b, "FAILED", reason, traceback=_short_traceback(error)) for b in backends]
     allowed = measure.allowed_errors(eager, reference, settings.dtype)
-    results = []
-    for backend in backends:
-        if settings.out_of_time():
-            results.append(Result(workload.name, workload.suite, mode, backend, "SKIPPED", OUT_OF_TIME))
-            continue
-        progress(f"{workload.name} {mode} {backend} ...")
-        result = run_backend(backend, workload, case, mode, settings, eager, allowed)
-        progress(f"{workload.name} {mode} {backend}: {describe(result)}")
-        results.append(result)
+    results: list[Result] = []
+    live: list[Live] = []
+    torch._dynamo.reset()
+    try:
+        for backend in backends:
+            if settings.out_of_time():
+                results.append(Result(workload.name, workload.suite, mode, backend, "SKIPPED", OUT_OF_TIME))
+                continue
+            progress(f"{workload.name} {mode} {backend} ...")
+            result, entry = start_backend(backend, workload, case, mode, settings, eager, allowed)
+            progress(f"{workload.name} {mode} {backend}: {describe(result)}")
+            results.append(result)
+            if entry is not None:
+                live.append(entry)
+        if live:
+            progress(f"{workload.name} {mode}: {settings.repeat} rounds of {', '.join(e.result.backend for e in live)} ...")
+            time_rounds(live, settings)
+            for entry in live:
+                progress(f"{workload.name} {mode} {entry.result.backend}: {describe(entry.result)}")
+    finally:
+        # One workload and mode alive at a time: drop the compiled models before the next.
+        live.clear()
+        torch._dynamo.reset()
+        release(settings.device)
     add_ratios(results, case, settings.dtype, copy_bytes_per_s)
     return results
 
@@ -323,20 +421,31 @@ def run_workload(
 def describe(result: Result) -> str:
     if result.status != "OK":
         return f"{result.status} {result.reason}"
+    if result.median_ms is None:  # checked and warm, not yet timed
+        batch = f", timed in batches of {result.batch} steps" if result.batch and result.batch > 1 else ""
+        return f"matches eager (first call {result.compile_s:.2f} s{batch})"
     return f"OK {result.median_ms:.3f} ms (first call {result.compile_s:.2f} s)"
 
 
+def paired_ratio(reference_ms: Sequence[float], times_ms: Sequence[float]) -> float | None:
+    """The median over rounds of ``reference / time`` within each round: a round's two times
+    were taken seconds apart on the same machine, so a slow spell divides out."""
+    ratios = [ref / time for ref, time in zip(reference_ms, times_ms) if ref > 0 and time > 0]
+    return measure.median(ratios) if ratios else None
+
+
 def add_ratios(results: list[Result], case: Case, dtype: torch.dtype, copy_bytes_per_s: float | None) -> None:
-    """Speedup over eager, ratio to inductor, and (micro kernels) achieved bandwidth."""
-    timed = {r.backend: r.median_ms for r in results if r.median_ms}
+    """Speedup over eager, ratio to inductor (paired by round), and (micro kernels) achieved
+    bandwidth. Only timed rows take part: never a ratio to a row that has no time."""
+    timed = {r.backend: r.times_ms for r in results if r.median_ms}
     element_size = torch.empty((), dtype=dtype).element_size()
     for result in results:
         if not result.median_ms:
             continue
         if "eager" in timed:
-            result.speedup = timed["eager"] / result.median_ms
+            result.speedup = paired_ratio(timed["eager"], result.times_ms)
         if "inductor" in timed:
-            result.vs_inductor = timed["inductor"] / result.median_ms
+            result.vs_inductor = paired_ratio(timed["inductor"], result.times_ms)
         if case.elements_moved:
             result.gbps = case.elements_moved * element_size / (result.median_ms / 1e3) / 1e9
             if copy_bytes_per_s:
