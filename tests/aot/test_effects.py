@@ -8,25 +8,14 @@ import pytest
 import torch
 
 import aotforge
-from aotforge import aot_function, aot_module, nop
+from aotforge import aot_function, nop
 from aotforge.partition import default_partition
 from aotforge.partition.mincut import min_cut_rematerialization_partition
 from aotforge.testing import Inputs, verify
 
+from .test_eager_contract import _aot_module_compile, _dynamo_compile
+
 D = torch.float64
-
-
-def _dynamo_compile(fn, mode):
-    torch._dynamo.reset()
-    return torch.compile(fn, backend="aotforge_eager", fullgraph=True, dynamic=False)
-
-
-def _aot_module_compile(fn, mode):
-    class Wrapper(torch.nn.Module):
-        def forward(self, *args):
-            return fn(*args)
-
-    return aot_module(Wrapper(), nop, nop)
 
 
 def _mincut_compile(fn, mode):
