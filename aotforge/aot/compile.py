@@ -89,12 +89,23 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
 
     def collect(fn, args):
         with fake_mode:
-            return collect_metadata(
-                random_ops.watch(fn),
-                args,
-                is_training=is_training,
-                keep_inference_input_mutations=config.keep_inference_input_mutations,
-            )
+            try:
+                return collect_metadata(
+                    random_ops.watch(fn),
+                    args,
+                    is_training=is_training,
+                    keep_inference_input_mutations=config.keep_inference_input_mutations,
+                )
+            except RuntimeError as error:
+                if "invalid python storage" not in str(error):
+                    raise
+                # traced tensors have no real storage to resize or read
+                raise NotImplementedError(
+                    "aotforge: the function works on a tensor's storage directly "
+                    "(untyped_storage().resize_(), data_ptr(), ...), which a traced graph cannot "
+                    f"express ({error}). Do that outside the compiled function, or compile with "
+                    "torch.compile, whose Dynamo frontend handles storage resizes of inputs."
+                ) from error
 
     meta, graph_output_fakes = collect(flat_fn, fake_args)
     groups = alias_groups(fake_args, meta)

@@ -286,3 +286,16 @@ def test_storage_swaps_on_inputs_are_clear_errors(fn):
 
     with pytest.raises((NotImplementedError, RuntimeError), match="aotforge"):
         aot_function(fn, nop)(plain(3), plain(3))
+
+
+@pytest.mark.parametrize("size", [0, 64])
+def test_storage_resize_inside_aot_function_is_a_clear_error(size):
+    # eager shrinks or grows the input's storage; a traced tensor has no storage to resize
+    from aotforge import aot_function, nop
+
+    def fn(x):
+        y = x * 2
+        x.untyped_storage().resize_(size)
+        return y
+    with pytest.raises(NotImplementedError, match="aotforge: the function works on a tensor's storage"):
+        aot_function(fn, nop)(plain(4))
