@@ -85,6 +85,10 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
     """
     differentiable = meta.graph_output_requires_grad()
     num_mutated = len(meta.mutated_input_indices)
+    # inputs that are mutated and require grad reach the forward as clones (graph_outputs_fn):
+    # a backward mutation of such an input lands on the clone, the graph's first outputs
+    cloned = [(position, index) for position, index in enumerate(meta.mutated_input_indices)
+              if meta.input_info[index].requires_grad]
 
     def joint(primals: list, tangents: list):
         outputs = graph_fn(*primals)
@@ -115,6 +119,11 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
                 )
             mutated_in_backward.append(index)
             updated.append(after)
+        for position, index in cloned:
+            after = _current_value(outputs[position])
+            if after is not forward_outputs[position] and index not in mutated_in_backward:
+                mutated_in_backward.append(index)
+                updated.append(after)
         return (*forward_outputs, *grads_per_primal, *updated)
 
     return joint

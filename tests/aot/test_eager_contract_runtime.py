@@ -56,6 +56,10 @@ BACKWARD_MUTATION_CASES = {
     "plain_buffer": (_mutates_in_backward, lambda: torch.zeros(3, dtype=D)),
     "forward_and_backward": (_mutates_in_forward_and_backward, lambda: torch.ones(3, dtype=D)),
     "leaf_that_requires_grad": (_mutates_in_backward, lambda: torch.zeros(3, dtype=D, requires_grad=True)),
+    # mutated in the forward and requiring grad: the graph works on a clone of it, which the
+    # backward then mutates
+    "forward_and_backward_of_a_non_leaf_that_requires_grad": (
+        _mutates_in_forward_and_backward, lambda: torch.ones(3, dtype=D, requires_grad=True) * 1),
 }
 
 
@@ -64,8 +68,11 @@ BACKWARD_MUTATION_CASES = {
 def test_backward_mutation_is_applied_when_the_backward_runs(name, how):
     fn, make_buffer = BACKWARD_MUTATION_CASES[name]
     compiled = (COMPILERS[how] or (lambda f, mode: aot_function(f, nop)))(fn, "train")
-    expected = _run_steps(fn, make_buffer)
-    actual = _run_steps(compiled, make_buffer)
+    # one step for the non-leaf: a second step would backpropagate into the first step's
+    # (freed) graph through the buffer's history
+    steps = 1 if "non_leaf" in name else 2
+    expected = _run_steps(fn, make_buffer, steps)
+    actual = _run_steps(compiled, make_buffer, steps)
     for step, (a, e) in enumerate(zip(actual, expected)):
         for what, x, y in zip(("buffer after forward", "buffer after backward", "x.grad"), a, e):
             torch.testing.assert_close(x, y, msg=lambda m: f"step {step}, {what}: {m}")
