@@ -121,6 +121,71 @@ def test_damaged_file_warns_once_per_entry(cache_dir):
     assert len([w for w in record if issubclass(w.category, CacheEntryWarning)]) == 1
 
 
+@pytest.mark.parametrize("what", ["directory", "fifo"])
+def test_kernel_entry_that_is_not_a_file_warns_once(cache_dir, what):
+    """A folder or a pipe where a kernel module should be: no crash (a folder cannot be
+    replaced by the rebuilt file), no hang (reading a pipe blocks), eager's outputs, one
+    warning."""
+    check_matches_eager(row_sum_and_sine)
+    path = kernel_file(cache_dir)
+    path.unlink()
+    path.mkdir() if what == "directory" else os.mkfifo(path)
+    caught, errors = [], []
+
+    def compile_twice():
+        try:
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                for _ in range(2):
+                    forget_loaded_modules()
+                    check_matches_eager(row_sum_and_sine)
+            caught.extend(record)
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    # in a thread, so that a regression fails this test instead of hanging the suite
+    thread = threading.Thread(target=compile_twice, daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    if thread.is_alive() and what == "fifo":
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer: the blocked read ends
+        thread.join(timeout=10)
+        pytest.fail("reading the kernel module blocked on a pipe")
+    assert errors == []
+    assert [w.category for w in caught if w.category is CacheEntryWarning] == [CacheEntryWarning], \
+        [str(w.message) for w in caught]
+
+
+def test_threads_writing_one_entry_at_once(cache_dir):
+    """Temporary files are unique per write, not per process: threads rewriting the same
+    entries at once never trip over each other's temporary file."""
+    barrier = threading.Barrier(6)
+    errors = []
+    candidates = [dict(XBLOCK=1, RBLOCK=64), dict(XBLOCK=2, RBLOCK=64)]
+    key = disk_cache.autotune_key(["one entry"], candidates)
+    source = "VALUE = 1\n" + "# padding\n" * 20000
+
+    def write(worker):
+        try:
+            barrier.wait()
+            for round_ in range(30):
+                disk_cache.store_autotune(key, candidates, candidates[(worker + round_) % 2])
+                disk_cache.atomic_write(disk_cache.module_path(source, "one")[0], source.encode())
+                assert disk_cache.load_autotune(key, candidates) in candidates
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheEntryWarning)
+        threads = [threading.Thread(target=write, args=(w,)) for w in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert not [p for p in cache_dir.iterdir() if p.name.endswith(".part")]
+
+
 def test_worker_refuses_a_module_file_that_does_not_verify(cache_dir):
     from aotforge.compiler.runtime import compile_pool, launch
 
