@@ -10,7 +10,8 @@ shared machine the default folder under /tmp may have been created by someone el
 * every read is checked against what the entry must contain (a kernel module's text hashes
   to the digest in its name; an autotune entry names its key and its candidate list and
   chooses one of the current candidates). An entry that fails is ignored with one warning
-  and rebuilt: a cache can cost time, never a wrong answer or a crash.
+  and rebuilt: a cache can cost time, never a wrong answer or a crash. The same holds for
+  an entry that is not a regular file (a folder, a pipe) or that cannot be rewritten.
 """
 from __future__ import annotations
 
