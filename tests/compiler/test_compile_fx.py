@@ -1,11 +1,13 @@
 """compile_fx, the torch.compile backend: graph normalizations around AOT autograd."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import aotforge  # noqa: F401  (registers the backends)
-from aotforge.compiler import compile_fx, observe
+from aotforge.compiler import compile_fx, compile_fx_inner, observe
 from aotforge.config import config
 
 
@@ -60,6 +62,66 @@ def test_config_patches_apply_to_the_backward_compiled_later():
         out[0].sum().backward()  # the backward graph compiles here, outside any patch
     assert [(g.kind, g.path) for g in graphs] == [("forward", "triton"), ("backward", "triton")]
     torch.testing.assert_close(x.grad, x.exp() * (x + 1))
+
+
+def test_config_patches_apply_to_a_backward_compiled_lazily_in_another_thread(monkeypatch):
+    """Where the backward compiles at the first backward call (the AOT layer's default), it
+    compiles after compile_fx returned, possibly in autograd's device thread: the patches
+    must reach it there."""
+    import aotforge.aot
+
+    simplified = aotforge.aot.aot_module_simplified
+    monkeypatch.setattr(aotforge.aot, "aot_module_simplified",
+                        lambda *args, **kwargs: simplified(*args, **dict(kwargs, compile_backward_now=False)))
+    gm = torch.fx.symbolic_trace(lambda x: (x.exp() * x,))
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    with observe() as graphs:
+        (out,) = compile_fx(gm, [x], config_patches={"triton_on_cpu": True})(x)
+        assert [g.kind for g in graphs] == ["forward"]  # the backward is not compiled yet
+        thread = threading.Thread(target=lambda: out.sum().backward())
+        thread.start()
+        thread.join()
+    assert [(g.kind, g.path) for g in graphs] == [("forward", "triton"), ("backward", "triton")]
+    torch.testing.assert_close(x.grad, x.detach().exp() * (x.detach() + 1))
+
+
+def test_config_patches_do_not_leak_into_other_threads():
+    """While one thread compiles and runs under config_patches, a compile in another thread
+    sees the global configuration."""
+    inside = threading.Event()
+    other_done = threading.Event()
+    seen = {}
+
+    def held_compile(gm, example_inputs, **kwargs):  # holds the patched compile open
+        inside.set()
+        assert other_done.wait(timeout=120)
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    def patched():
+        gm = torch.fx.symbolic_trace(lambda x: (x.exp(),))
+        x = torch.randn(4, dtype=torch.float64)
+        seen["patched"] = compile_fx(gm, [x], inner_compile=held_compile, config_patches={"triton_on_cpu": True})(x)
+
+    def other():
+        assert inside.wait(timeout=120)
+        try:
+            seen["other_flag"] = config.triton_on_cpu
+            gm = torch.fx.symbolic_trace(lambda x: (x.cos(),))
+            seen["other"] = compile_fx(gm, [torch.randn(4, dtype=torch.float64)])
+        finally:
+            other_done.set()
+
+    with observe() as graphs:
+        threads = [threading.Thread(target=patched), threading.Thread(target=other)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert seen["other_flag"] is False and "other" in seen and "patched" in seen
+    # the patched graph (exp) went through Triton, the other (cos) kept the global path
+    assert sorted(g.path for g in graphs) == ["aten", "triton"]
+    (triton_graph,) = [g for g in graphs if g.path == "triton"]
+    assert "exp" in triton_graph.kernel_source and "cos" not in triton_graph.kernel_source
 
 
 def test_unknown_config_patch_is_rejected_at_once():

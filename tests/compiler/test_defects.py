@@ -96,6 +96,19 @@ def test_argmax_argmin_of_rows_equal_to_the_identity(dtype, path):
     run_and_compare(fn, x, path=path, split_reduction_threshold=1 << 30, **(LOOPED if path == "looped" else {}))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.uint8])
+def test_argmax_argmin_of_rows_longer_than_the_default_persistent_limit(dtype):
+    """The same at the default limit (rows of 5000 > 4096 walk the row in a loop): rows of
+    -inf, +inf, zeros (uint8's identity for argmax) and 255 return index 0, as eager."""
+    assert config.persistent_reduction_limit < 5000
+    fills = [-inf, inf, 0.0] if dtype.is_floating_point else [0, 255, 0]
+    x = torch.stack([torch.full((5000,), fill, dtype=dtype) for fill in fills])
+    fn = lambda x: (x.argmax(-1), x.argmin(-1), x.max(-1)[1], x.min(-1)[1], x[:1].argmax(), x[1:2].argmin())
+    outputs, info = compile_and_run(fn, x)
+    assert_same(outputs, fn(x))
+    assert "for roffset in range(0, rnumel, RBLOCK)" in info["kernel_source"]
+
+
 @pytest.mark.parametrize("op", ["maximum", "minimum", "clamp"])
 def test_pointwise_maximum_minimum_propagate_nan(op):
     x, y = torch.randn(4, 8, **f64), torch.randn(4, 8, **f64)

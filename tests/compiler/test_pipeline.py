@@ -68,6 +68,10 @@ def test_a_lowering_that_declines_leaves_nothing_behind(monkeypatch):
         (out,) = compiled([x.clone()])
     torch.testing.assert_close(out, fn(x)[0])
     assert compiled.compiled_graph.stats["fallbacks"] == {"aten.sin.default": 1}
+    # nothing the declined lowering emitted is left: x * 2 + 1 once (for the ATen sin), the
+    # ATen call, the sum with the cosine
+    kinds = [type(op).__name__ for op in compiled.compiled_graph.lowered.operations]
+    assert kinds == ["ComputedBuffer", "ExternCall", "ComputedBuffer"], str(compiled.compiled_graph.lowered)
     assert original is not realize_then_decline
 
 

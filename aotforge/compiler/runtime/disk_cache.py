@@ -10,7 +10,8 @@ shared machine the default folder under /tmp may have been created by someone el
 * every read is checked against what the entry must contain (a kernel module's text hashes
   to the digest in its name; an autotune entry names its key and its candidate list and
   chooses one of the current candidates). An entry that fails is ignored with one warning
-  and rebuilt: a cache can cost time, never a wrong answer or a crash.
+  and rebuilt: a cache can cost time, never a wrong answer or a crash. The same holds for
+  an entry that is not a regular file (a folder, a pipe) or that cannot be rewritten.
 """
 from __future__ import annotations
 
@@ -56,12 +57,15 @@ def digest(text: str | bytes) -> str:
 
 # --- the folder ---------------------------------------------------------------------------
 
-def cache_directory() -> str:
+def cache_directory(configured: Optional[str] = None) -> str:
     """The folder for the compiler's files, created private to the user when missing.
+    ``configured``: a ``config.cache_dir`` value read earlier (a kernel's first launch runs
+    outside the config patches it was compiled under); by default the current one.
 
     Raises RuntimeError when the folder is owned by another user or writable by group or
     others: anyone who can write there could plant a kernel module that this process runs."""
-    directory = config.cache_dir or os.path.join(tempfile.gettempdir(), f"aotforge_{os.getuid()}")
+    configured = config.cache_dir if configured is None else configured
+    directory = configured or os.path.join(tempfile.gettempdir(), f"aotforge_{os.getuid()}")
     directory = os.path.abspath(directory)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -113,7 +117,12 @@ def atomic_write(path: str, data: bytes) -> None:
 
 
 def read_bytes(path: str) -> Optional[bytes]:
+    """The entry's bytes; None when it is missing, or (with a warning) when it is not a
+    readable regular file (a folder or a pipe in its place: opening a pipe would hang)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            warn_bad_entry(path, "not a regular file")
+            return None
         with open(path, "rb") as file:
             return file.read()
     except FileNotFoundError:
@@ -121,6 +130,15 @@ def read_bytes(path: str) -> Optional[bytes]:
     except OSError as error:
         warn_bad_entry(path, f"unreadable: {error}")
         return None
+
+
+def replace_entry(path: str, data: bytes) -> None:
+    """Rebuild an entry. A cache that cannot be written (a folder in the entry's place, a full
+    disk) costs time, not the compile: the caller goes on with what it computed."""
+    try:
+        atomic_write(path, data)
+    except OSError as error:
+        warn_bad_entry(path, f"cannot be written: {error}")
 
 
 def module_path(source: str, stem: str) -> tuple[str, str]:
@@ -140,7 +158,7 @@ def store_module(source: str, stem: str) -> tuple[str, str]:
         return path, expected
     if existing is not None:
         warn_bad_entry(path, "its content does not match the kernel source it should hold")
-    atomic_write(path, source.encode())
+    replace_entry(path, source.encode())
     return path, expected
 
 
@@ -164,19 +182,20 @@ def autotune_key(parts: Sequence[Any], candidates: Sequence[dict]) -> str:
     return digest(json.dumps([str(p) for p in parts] + [candidates_hash(candidates)]))
 
 
-def autotune_path(key: str) -> str:
-    return os.path.join(cache_directory(), f"autotune_{key[:32]}.json")
+def autotune_path(key: str, directory: Optional[str] = None) -> str:
+    """``directory``: a ``config.cache_dir`` value (default: the current one)."""
+    return os.path.join(cache_directory(directory), f"autotune_{key[:32]}.json")
 
 
-def load_autotune(key: str, candidates: Sequence[dict]) -> Optional[dict]:
+def load_autotune(key: str, candidates: Sequence[dict], directory: Optional[str] = None) -> Optional[dict]:
     """The stored choice for ``key``, or None when there is none or it does not verify."""
-    path = autotune_path(key)
+    path = autotune_path(key, directory)
     data = read_bytes(path)
     if data is None:
         return None
     try:
         entry = json.loads(data.decode())
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # (deep nesting: RecursionError)
         warn_bad_entry(path, "not valid JSON (empty or cut short?)")
         return None
     if not isinstance(entry, dict) or entry.get("format") != AUTOTUNE_FORMAT:
@@ -189,9 +208,10 @@ def load_autotune(key: str, candidates: Sequence[dict]) -> Optional[dict]:
     if chosen not in list(candidates):
         warn_bad_entry(path, f"its choice {chosen!r} is not one of the current candidates")
         return None
-    return dict(chosen)
+    # the candidate itself, not the stored copy: JSON's 8.0 or true compare equal to 8 and 1
+    return dict(candidates[list(candidates).index(chosen)])
 
 
-def store_autotune(key: str, candidates: Sequence[dict], chosen: dict) -> None:
+def store_autotune(key: str, candidates: Sequence[dict], chosen: dict, directory: Optional[str] = None) -> None:
     entry = dict(format=AUTOTUNE_FORMAT, key=key, candidates=candidates_hash(candidates), config=chosen)
-    atomic_write(autotune_path(key), json.dumps(entry, sort_keys=True).encode())
+    replace_entry(autotune_path(key, directory), json.dumps(entry, sort_keys=True).encode())

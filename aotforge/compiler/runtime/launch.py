@@ -158,6 +158,9 @@ class Kernel:
         self.fn, self.name, self.source, self.kind = fn, name, source, kind
         self.numel, self.rnumel, self.mutates = numel, rnumel, mutates
         self.configs = candidate_configs(kind, numel, rnumel, contiguous)
+        # read now, while compiling: the first launch (a backward's, in autograd's thread)
+        # runs outside the config patches this kernel was compiled under
+        self.autotune, self.cache_dir = config.autotune, config.cache_dir
         self.best: Optional[dict] = None
         # launches past Triton's per-call dispatch, per argument specialization (CUDA only)
         self.direct: Optional[direct.DirectLauncher] = None
@@ -177,7 +180,7 @@ class Kernel:
 
     def tunes(self) -> bool:
         """Whether this kernel's first launch times its candidates (given a device that tunes)."""
-        return (config.autotune and self.kind != "pointwise" and not self.mutates and len(self.configs) > 1
+        return (self.autotune and self.kind != "pointwise" and not self.mutates and len(self.configs) > 1
                 and self.numel * self.rnumel >= AUTOTUNE_MIN_ELEMENTS)
 
     def start_precompile(self, module_path: Optional[str], arg_dtypes: Sequence[torch.dtype]) -> None:
@@ -266,7 +269,7 @@ class Kernel:
 
         key = disk_cache.autotune_key([self.source, self.numel, self.rnumel, device, triton.__version__,
                                        [str(a.dtype) for a in args if isinstance(a, torch.Tensor)]], self.configs)
-        stored = disk_cache.load_autotune(key, self.configs)
+        stored = disk_cache.load_autotune(key, self.configs, self.cache_dir)
         if stored is not None:
             return stored
         timings = []
@@ -276,7 +279,7 @@ class Kernel:
             except Exception:  # noqa: BLE001  a config the hardware rejects (too many registers, ...)
                 continue
         best = min(timings, key=lambda t: t[0])[1] if timings else self.configs[0]
-        disk_cache.store_autotune(key, self.configs, best)
+        disk_cache.store_autotune(key, self.configs, best, self.cache_dir)
         return best
 
     def _time(self, args: Sequence[Any], candidate: dict, on_gpu: bool) -> float:

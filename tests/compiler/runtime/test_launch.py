@@ -6,6 +6,7 @@ let the CPU "autotune" it, so that the cache is exercised exactly as on a GPU.""
 import json
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -96,29 +97,93 @@ def damage(entry: dict, how: str) -> bytes:
         return json.dumps(dict(entry, config=dict(XBLOCK=8, RBLOCK=16))).encode()
     if how == "binary":
         return b"\xff\xfe\x00garbage"
+    if how == "deeply nested":
+        return b"[" * 100_000 + b"]" * 100_000
+    if how == "choice not a candidate, by other keys":
+        return json.dumps(dict(entry, config=dict(entry["config"], RBLOCK=16, num_warps=4))).encode()
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["empty", "truncated", "not a dict", "bare config (old format)", "wrong key",
-                                 "wrong candidate list", "choice not a candidate", "binary"])
-def test_bad_autotune_entry_is_ignored_and_rebuilt(cpu_autotune, how):
+BAD_ENTRIES = ["empty", "truncated", "not a dict", "bare config (old format)", "wrong key", "wrong candidate list",
+               "choice not a candidate", "choice not a candidate, by other keys", "binary", "deeply nested"]
+
+
+@pytest.mark.parametrize("how", BAD_ENTRIES)
+def test_bad_autotune_entry_is_ignored_with_one_warning_and_rebuilt(cpu_autotune, how):
     run_row_sum()
     path = autotune_file(cpu_autotune)
     entry = json.loads(path.read_text())
     path.write_bytes(damage(entry, how))
-    with pytest.warns(CacheEntryWarning):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         kernel = run_row_sum()  # checks the sum against eager
+        forget_loaded_modules()
+        run_row_sum()  # the rebuilt entry verifies: no second warning
+    assert [w.category for w in caught] == [CacheEntryWarning], [str(w.message) for w in caught]
     assert kernel.best in CANDIDATES
     rebuilt = json.loads(path.read_text())
     assert rebuilt["key"] == entry["key"] and rebuilt["config"] in CANDIDATES
 
 
-def test_changed_candidate_list_is_not_served_an_old_choice(cpu_autotune, monkeypatch):
+def test_autotune_choice_equal_to_a_candidate_is_served_as_the_candidate(cpu_autotune):
+    """JSON's 8.0 and true compare equal to 8 and 1: the candidate is served, never the
+    stored copy (a float block size makes a float grid)."""
     first = run_row_sum()
-    others = [c for c in CANDIDATES if c != first.best]
-    new_candidates = others + [dict(XBLOCK=1, RBLOCK=64)]
+    path = autotune_file(cpu_autotune)
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(entry, config={k: float(v) for k, v in entry["config"].items()})))
+    served = run_row_sum().best
+    assert served == first.best and all(type(v) is int for v in served.values())
+
+
+@pytest.mark.parametrize("what", ["directory", "fifo"])
+def test_autotune_entry_that_is_not_a_file_is_ignored_with_one_warning(cpu_autotune, what):
+    """A folder or a pipe where the entry should be: no hang (reading a pipe blocks), no
+    crash (a folder cannot be replaced by the rebuilt entry), one warning."""
+    import os
+
+    run_row_sum()
+    path = autotune_file(cpu_autotune)
+    path.unlink()
+    path.mkdir() if what == "directory" else os.mkfifo(path)
+    caught, results = [], []
+
+    def run_twice():
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                forget_loaded_modules()
+                results.append(run_row_sum().best)
+        caught.extend(record)
+
+    # in a thread, so that a regression fails this test instead of hanging the suite
+    thread = threading.Thread(target=run_twice, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    if thread.is_alive() and what == "fifo":
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer: the blocked read ends
+        thread.join(timeout=10)
+        pytest.fail("reading the autotune entry blocked on a pipe")
+    assert len(results) == 2 and all(best in CANDIDATES for best in results)
+    assert [w.category for w in caught] == [CacheEntryWarning], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("change", ["old choice dropped", "candidate added"])
+def test_changed_candidate_list_is_not_served_an_old_choice(cpu_autotune, monkeypatch, change):
+    first = run_row_sum()
+    if change == "old choice dropped":
+        new_candidates = [c for c in CANDIDATES if c != first.best] + [dict(XBLOCK=1, RBLOCK=64)]
+    else:  # the old choice is still a candidate, but the new one was never timed against it
+        new_candidates = CANDIDATES + [dict(XBLOCK=1, RBLOCK=64)]
     monkeypatch.setattr(launch, "candidate_configs", lambda *args: [dict(c) for c in new_candidates])
-    second = run_row_sum()
+    timed = []
+    original_time = launch.Kernel._time
+    monkeypatch.setattr(launch.Kernel, "_time", lambda self, args, candidate, on_gpu:
+                        timed.append(candidate) or original_time(self, args, candidate, on_gpu))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheEntryWarning)  # another key, not a bad entry
+        second = run_row_sum()
+    assert timed == new_candidates  # tuned afresh among the new candidates
     assert second.best in new_candidates
     assert len(list(cpu_autotune.glob("autotune_*.json"))) == 2
 
@@ -214,3 +279,47 @@ def test_module_is_executed_from_its_source_not_the_file(cache_dir):
         assert launch.load_module("VALUE = 1\n", "pinned").VALUE == 1
     with open(path) as handle:
         assert handle.read() == "VALUE = 1\n"
+
+
+# --- the config a kernel was compiled under --------------------------------------------------
+
+def test_backward_first_launch_keeps_the_compile_fx_config_patches(cache_dir, tmp_path, monkeypatch):
+    """``compile_fx(config_patches=...)`` compiles both graphs under the patches, but the
+    backward's first launch (where autotune runs) comes later, outside them, maybe in
+    autograd's thread. Each kernel keeps the autotune flag and cache folder it was compiled
+    under: the backward's reductions are tuned as the forward's, into the patched folder."""
+    from aotforge.compiler import compile_fx, observe
+
+    monkeypatch.setattr(launch, "AUTOTUNE_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(launch, "AUTOTUNE_MIN_ELEMENTS", 0)
+    original_candidates = launch.candidate_configs
+
+    def candidates(kind, numel, rnumel, contiguous):
+        if kind == "pointwise":
+            return original_candidates(kind, numel, rnumel, contiguous)
+        return [dict(XBLOCK=x, RBLOCK=launch.ceil_pow2(rnumel)) for x in (16, 8, 4)]
+    monkeypatch.setattr(launch, "candidate_configs", candidates)
+
+    patched_dir = tmp_path / "patched"
+    # forward: rows of x reduced along the contiguous dim; backward: w's gradient reduces
+    # along the other dim (another kernel, not one shared with the forward)
+    gm = torch.fx.symbolic_trace(lambda x, w: ((x * w).sum(1),))
+    x = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    with observe() as graphs:
+        compiled = compile_fx(gm, [x, w], config_patches=dict(triton_on_cpu=True, autotune=True,
+                                                               cache_dir=str(patched_dir)))
+        (out,) = compiled(x, w)
+        thread = threading.Thread(target=lambda: out.sum().backward())  # as autograd's device thread
+        thread.start()
+        thread.join()
+    torch.testing.assert_close(w.grad, x.detach().sum(0))
+    torch.testing.assert_close(x.grad, w.detach().expand(8, 16))
+    assert [g.kind for g in graphs] == ["forward", "backward"]
+    tuned = {g.kind: [k for k in g.launchers.values() if k.kind != "pointwise"] for g in graphs}
+    assert tuned["forward"] and tuned["backward"]
+    for kernel in tuned["forward"] + tuned["backward"]:
+        assert kernel.autotune and kernel.cache_dir == str(patched_dir)
+        assert kernel.seconds["autotune"] > 0
+    assert len(list(patched_dir.glob("autotune_*.json"))) == len(tuned["forward"]) + len(tuned["backward"])
+    assert not list(cache_dir.glob("autotune_*.json"))  # nothing in the unpatched folder
