@@ -86,8 +86,9 @@ def test_config_patches_apply_to_a_backward_compiled_lazily_in_another_thread(mo
 
 
 def test_config_patches_do_not_leak_into_other_threads():
-    """While one thread compiles and runs under config_patches, a compile in another thread
-    sees the global configuration."""
+    """While one thread compiles under config_patches, another thread sees the global
+    configuration, and its own compile (which waits for the first: compiles are serialized
+    by the AOT layer's trace lock) keeps the global path."""
     inside = threading.Event()
     other_done = threading.Event()
     seen = {}
@@ -106,10 +107,10 @@ def test_config_patches_do_not_leak_into_other_threads():
         assert inside.wait(timeout=120)
         try:
             seen["other_flag"] = config.triton_on_cpu
-            gm = torch.fx.symbolic_trace(lambda x: (x.cos(),))
-            seen["other"] = compile_fx(gm, [torch.randn(4, dtype=torch.float64)])
         finally:
             other_done.set()
+        gm = torch.fx.symbolic_trace(lambda x: (x.cos(),))
+        seen["other"] = compile_fx(gm, [torch.randn(4, dtype=torch.float64)])
 
     with observe() as graphs:
         threads = [threading.Thread(target=patched), threading.Thread(target=other)]
