@@ -5,6 +5,7 @@ excluded (the interpreter runs nothing at compile time). The compiled graphs are
 the step itself runs the graphs' own ATen calls.
 
     TRITON_INTERPRET=1 python benchmarks/compile_profile.py [--profile out.txt] [--layers 12]
+    TRITON_INTERPRET=1 python benchmarks/compile_profile.py --resnet   # ResNet-18's graphs, 8 images
 """
 from __future__ import annotations
 
@@ -25,17 +26,22 @@ import torch  # noqa: E402
 
 import aotforge  # noqa: E402
 from aotforge.compiler import compile_fx, compile_fx_inner  # noqa: E402
-from benchmarks.workloads.models import NanoGPT  # noqa: E402
+from benchmarks.workloads.models import NanoGPT, ResNet  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", default="")
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--resnet", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = NanoGPT(50304, 64, args.layers, 12, 768)
-    idx = torch.randint(0, 50304, (1, 64))
+    if args.resnet:
+        model = ResNet((64, 128, 256, 512), 2, 1000)
+        inputs = (torch.randn(8, 3, 64, 64), torch.randint(0, 1000, (8,)))
+    else:
+        model = NanoGPT(50304, 64, args.layers, 12, 768)
+        inputs = (torch.randint(0, 50304, (1, 64)),) * 2
     timings: list[tuple[str, dict]] = []
 
     def inner(gm, example_inputs, **kwargs):
@@ -59,7 +65,7 @@ def main() -> None:
         started = time.perf_counter()
         if profiler:
             profiler.enable()
-        compiled(idx, idx).backward()
+        compiled(*inputs).backward()
         if profiler:
             profiler.disable()
         total = time.perf_counter() - started
