@@ -55,7 +55,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import decompose, disable_proxy_modes_tracing, track_tensor_tree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import philox
+from .. import op_table, philox
 from ..config import config
 from .functional import FunctionalTensor
 from .schemas import InputInfo
@@ -422,9 +422,7 @@ class _RandomOpDetector(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) and func.overloadpacket not in (
-            aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided
-        ):
+        if op_table.info(func).kind == op_table.RANDOM:  # (uninitialized memory is not a draw)
             self.devices.add(_op_device(func, args, kwargs))
         return func(*args, **kwargs)
 
