@@ -85,16 +85,18 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
     """
     differentiable = meta.graph_output_requires_grad()
     num_mutated = len(meta.mutated_input_indices)
-    # inputs that are mutated and require grad reach the forward as clones (graph_outputs_fn):
-    # a backward mutation of such an input lands on the clone, the graph's first outputs
-    cloned = [(position, index) for position, index in enumerate(meta.mutated_input_indices)
-              if meta.input_info[index].requires_grad]
+    # Inputs that are mutated and require grad reach the forward as clones (graph_outputs_fn),
+    # returned first among the outputs: the backward mutates the clone, not the primal.
+    clone_position = {index: position for position, index in enumerate(meta.mutated_input_indices)
+                      if meta.input_info[index].requires_grad}
 
     def joint(primals: list, tangents: list):
         outputs = graph_fn(*primals)
         # The forward's values of mutated inputs, before the backward changes them again.
         forward_outputs = [_current_value(o) if i < num_mutated else o for i, o in enumerate(outputs)]
-        before_backward = [_current_value(p) for p in primals]
+        # where each input's value lives while the backward runs
+        holders = [outputs[clone_position[i]] if i in clone_position else p for i, p in enumerate(primals)]
+        before_backward = [_current_value(h) for h in holders]
         effects.end_phase("forward")  # the backward's effects get a chain of their own
         grad_outputs = [o for o, d in zip(outputs, differentiable) if d]
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
@@ -107,8 +109,8 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         ]
         _check_tangents_unchanged(tangents)
         updated = []
-        for index, (primal, before) in enumerate(zip(primals, before_backward)):
-            after = _current_value(primal)
+        for index, (holder, before) in enumerate(zip(holders, before_backward)):
+            after = _current_value(holder)
             if after is before:
                 continue
             if (after.shape, after.stride(), after.storage_offset()) != (before.shape, before.stride(), before.storage_offset()):
@@ -119,11 +121,6 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
                 )
             mutated_in_backward.append(index)
             updated.append(after)
-        for position, index in cloned:
-            after = _current_value(outputs[position])
-            if after is not forward_outputs[position] and index not in mutated_in_backward:
-                mutated_in_backward.append(index)
-                updated.append(after)
         return (*forward_outputs, *grads_per_primal, *updated)
 
     return joint
