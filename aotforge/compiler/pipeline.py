@@ -216,10 +216,9 @@ def _is_functional(gm: fx.GraphModule) -> bool:
 
 def _take_aot_timings(kind: str, aot: Optional[dict]) -> dict[str, float]:
     """The AOT stages' seconds (trace, partition) for the first graph compiled after them."""
-    if not aot or kind == "backward" or aot.get("taken"):
+    if not aot or kind == "backward" or "started" not in aot:
         return {}
-    aot["taken"] = True
-    timings = {"trace": time.perf_counter() - aot["started"] - aot.get("partition", 0.0)}
+    timings = {"trace": time.perf_counter() - aot.pop("started") - aot.get("partition", 0.0)}
     if "partition" in aot:
         timings["partition"] = aot["partition"]
     return timings

@@ -17,7 +17,7 @@ from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
 from aotforge.config import config
 
 from ..helpers import compile_and_run, trace
-from .conftest import forget_loaded_modules
+from .conftest import forget_loaded_modules, twice_in_a_thread
 
 
 # one kernel each: one file each in the cache
@@ -130,28 +130,7 @@ def test_kernel_entry_that_is_not_a_file_warns_once(cache_dir, what):
     path = kernel_file(cache_dir)
     path.unlink()
     path.mkdir() if what == "directory" else os.mkfifo(path)
-    caught, errors = [], []
-
-    def compile_twice():
-        try:
-            with warnings.catch_warnings(record=True) as record:
-                warnings.simplefilter("always")
-                for _ in range(2):
-                    forget_loaded_modules()
-                    check_matches_eager(row_sum_and_sine)
-            caught.extend(record)
-        except Exception as error:  # reported below
-            errors.append(error)
-
-    # in a thread, so that a regression fails this test instead of hanging the suite
-    thread = threading.Thread(target=compile_twice, daemon=True)
-    thread.start()
-    thread.join(timeout=120)
-    if thread.is_alive() and what == "fifo":
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer: the blocked read ends
-        thread.join(timeout=10)
-        pytest.fail("reading the kernel module blocked on a pipe")
-    assert errors == []
+    caught = twice_in_a_thread(lambda: check_matches_eager(row_sum_and_sine), path, timeout=120)
     assert [w.category for w in caught if w.category is CacheEntryWarning] == [CacheEntryWarning], \
         [str(w.message) for w in caught]
 

@@ -15,7 +15,7 @@ from aotforge.compiler.runtime import disk_cache, launch
 from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
 from aotforge.config import config
 
-from .conftest import forget_loaded_modules
+from .conftest import forget_loaded_modules, twice_in_a_thread
 
 ROW_SUM = '''
 import triton
@@ -146,24 +146,8 @@ def test_autotune_entry_that_is_not_a_file_is_ignored_with_one_warning(cpu_autot
     path = autotune_file(cpu_autotune)
     path.unlink()
     path.mkdir() if what == "directory" else os.mkfifo(path)
-    caught, results = [], []
-
-    def run_twice():
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                forget_loaded_modules()
-                results.append(run_row_sum().best)
-        caught.extend(record)
-
-    # in a thread, so that a regression fails this test instead of hanging the suite
-    thread = threading.Thread(target=run_twice, daemon=True)
-    thread.start()
-    thread.join(timeout=60)
-    if thread.is_alive() and what == "fifo":
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer: the blocked read ends
-        thread.join(timeout=10)
-        pytest.fail("reading the autotune entry blocked on a pipe")
+    results = []
+    caught = twice_in_a_thread(lambda: results.append(run_row_sum().best), path, timeout=60)
     assert len(results) == 2 and all(best in CANDIDATES for best in results)
     assert [w.category for w in caught] == [CacheEntryWarning], [str(w.message) for w in caught]
 
