@@ -7,11 +7,11 @@ the reduced elements of each output)::
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import sympy
 
-from .ir import FloorDiv, ModularIndexing, ReductionBody, product, strided_index
+from .ir import FloorDiv, ModularIndexing, ReductionBody, product, same_size, strided_index
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -75,26 +75,27 @@ def _simplify_arguments(expr: sympy.Expr) -> sympy.Expr:
     return expr
 
 
-def node_indices(buffer, numel: int, rnumel: int) -> Optional[tuple[list, list]]:
+def node_indices(buffer, numel: Any, rnumel: Any) -> Optional[tuple[list, list]]:
     """(index, reduction index) of a computed buffer's body in a kernel over (numel, rnumel),
-    or None when the buffer's iteration space does not fit the kernel's."""
+    or None when the buffer's iteration space does not fit the kernel's (sizes may be
+    symbolic: they fit when equal for every value of the symbols)."""
     body = buffer.body
     if isinstance(body, ReductionBody):
-        if int(product(body.ranges)) != numel or int(product(body.reduction_ranges)) != rnumel:
+        if not same_size(product(body.ranges), numel) or not same_size(product(body.reduction_ranges), rnumel):
             return None
         return split_flat(XINDEX, body.ranges), split_flat(RINDEX, body.reduction_ranges)
     ranges = body.ranges
-    total = int(product(ranges))
-    if rnumel == 1 or total == numel:
-        return (split_flat(XINDEX, ranges), []) if total == numel else None
-    if total != numel * rnumel:
+    total = product(ranges)
+    if rnumel == 1 or same_size(total, numel):
+        return (split_flat(XINDEX, ranges), []) if same_size(total, numel) else None
+    if not same_size(total, numel * rnumel):
         return None
-    running = 1
+    running = sympy.Integer(1)
     for split in range(len(ranges) + 1):
-        if running == numel and int(product(ranges[split:])) == rnumel:
+        if same_size(running, numel) and same_size(product(ranges[split:]), rnumel):
             return split_flat(XINDEX, ranges[:split]) + split_flat(RINDEX, ranges[split:]), []
         if split < len(ranges):
-            running *= int(ranges[split])
+            running = running * ranges[split]
     return None
 
 
@@ -107,5 +108,3 @@ def is_per_element(buffer) -> bool:
     """Pointwise buffers that vary along the reduction axis (vs. one value per output row)."""
     return not isinstance(buffer.body, ReductionBody)
 
-
-_ = Optional

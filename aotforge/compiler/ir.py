@@ -52,19 +52,25 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if isinstance(base, FloorDiv):  # (a // b) // c == a // (b*c)
             return FloorDiv(base.args[0], base.args[1] * divisor)
-        # (c*k + r) // k == c + r // k when k divides every other coefficient
-        if base.is_Add and divisor.is_Integer:
-            whole, rest = [], []
-            for term in base.args:
-                coefficient = term.as_coeff_Mul()[0]
-                (whole if coefficient.is_Integer and int(coefficient) % int(divisor) == 0 else rest).append(term)
+        # (c*k + r) // k == c + r // k when k divides c (k may be symbolic: s0*32)
+        if base.is_Add:
+            whole = [t for t in base.args if _divides(divisor, t)]
             if whole:
+                rest = [t for t in base.args if not _divides(divisor, t)]
                 return sympy.Add(*[t / divisor for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
-        if base.is_Mul and divisor.is_Integer:
-            coefficient, rest = base.as_coeff_Mul()
-            if coefficient.is_Integer and int(coefficient) % int(divisor) == 0:
-                return (coefficient / divisor) * rest
+        if base.is_Mul and _divides(divisor, base):
+            return base / divisor
         return None
+
+
+def _divides(divisor: Expr, term: Expr) -> bool:
+    """Whether ``term / divisor`` is a product with integer coefficient (no division left)."""
+    if divisor.is_Integer:
+        coefficient = term.as_coeff_Mul()[0]
+        return coefficient.is_Integer and int(coefficient) % int(divisor) == 0
+    quotient = term / divisor
+    numerator, denominator = sympy.fraction(quotient)
+    return denominator == 1 and quotient.as_coeff_Mul()[0].is_Integer
 
 
 class ModularIndexing(sympy.Function):
@@ -79,11 +85,34 @@ class ModularIndexing(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
             return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        # whole multiples of divisor*modulus never change the result
+        if base.is_Add:
+            period = divisor * modulus
+            kept = [t for t in base.args if not _divides(period, t)]
+            if len(kept) < len(base.args):
+                return ModularIndexing(sympy.Add(*kept), divisor, modulus)
         return None
 
 
 def sympify_size(values: Sequence[Any]) -> list[Expr]:
-    return [sympy.Integer(int(v)) if not isinstance(v, sympy.Expr) else v for v in values]
+    """Sizes as sympy expressions (a ``SymInt`` becomes its expression, never its value)."""
+    from .sizes import to_expr
+
+    return [v if isinstance(v, sympy.Expr) else to_expr(v) if isinstance(v, torch.SymInt) else sympy.Integer(int(v))
+            for v in values]
+
+
+def static_int(expr: Any) -> Optional[int]:
+    """``expr`` as an int when it is a number, None when it is symbolic."""
+    if isinstance(expr, int):
+        return expr
+    return int(expr) if getattr(expr, "is_Integer", False) else None
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """Whether two size expressions are equal for every value of their symbols."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    return a == b or sympy.expand(a - b) == 0
 
 
 def product(values: Sequence[Any]) -> Any:
@@ -123,10 +152,12 @@ class Layout:
     stride: list[Expr]
     offset: Expr = sympy.Integer(0)
 
-    def storage_numel(self) -> int:
-        if any(int(s) == 0 for s in self.size):
-            return 0
-        return int(self.offset) + 1 + sum((int(n) - 1) * int(s) for n, s in zip(self.size, self.stride))
+    def storage_numel(self) -> Expr:
+        """Elements of storage the layout spans (an expression when sizes are symbolic)."""
+        if any(s == 0 for s in self.size):
+            return sympy.Integer(0)
+        return sympy.expand(self.offset + 1 + sum(((n - 1) * s for n, s in zip(self.size, self.stride)),
+                                                  sympy.Integer(0)))
 
 
 class Buffer:
@@ -139,8 +170,7 @@ class Buffer:
         return StorageView(self, self.layout.size, self.layout.stride, self.layout.offset)
 
     def __repr__(self) -> str:
-        size = [int(s) for s in self.layout.size]
-        return f"{type(self).__name__}({self.name}, {self.dtype}, {size})"
+        return f"{type(self).__name__}({self.name}, {self.dtype}, {_ints_text(self.layout.size)})"
 
 
 class InputBuffer(Buffer):
@@ -221,7 +251,7 @@ class Pointwise(Value):
         return self.fn
 
     def __repr__(self) -> str:
-        return f"Pointwise({[int(s) for s in self.size]}, {self.dtype})"
+        return f"Pointwise({_ints_text(self.size)}, {self.dtype})"
 
 
 class StorageView(Value):
@@ -244,7 +274,7 @@ class StorageView(Value):
         return self.offset == 0 and all(n == 1 or s == e for n, s, e in zip(self.size, self.stride, expected))
 
     def __repr__(self) -> str:
-        return f"StorageView({self.buffer.name}, {[int(s) for s in self.size]}, {[int(s) for s in self.stride]})"
+        return f"StorageView({self.buffer.name}, {_ints_text(self.size)}, {_ints_text(self.stride)})"
 
 
 def is_value(obj: Any) -> bool:
@@ -256,25 +286,26 @@ def counter(prefix: str) -> Callable[[], str]:
     return lambda: f"{prefix}{next(numbers)}"
 
 
-def dense_strides_like(size: Sequence[Any], stride: Sequence[Any]) -> list[Expr]:
+def dense_strides_like(size: Sequence[Any], stride: Sequence[Any], hint: Callable[[Any], int] = int) -> list[Expr]:
     """Strides of a dense tensor of ``size`` that orders dimensions as ``stride`` does (the
-    layout eager would give a pointwise result of an input with that stride)."""
-    order = sorted(range(len(size)), key=lambda d: (int(stride[d]), -d))
+    layout eager would give a pointwise result of an input with that stride). ``hint`` gives
+    a symbolic stride's example value, for the order."""
+    order = sorted(range(len(size)), key=lambda d: (hint(stride[d]), -d))
     out, running = [sympy.Integer(0)] * len(size), sympy.Integer(1)
     for dim in order:
         out[dim] = running
-        running = running * int(size[dim])
+        running = running * size[dim]
     return out
 
 
-def is_non_overlapping_dense(size: Sequence[Any], stride: Sequence[Any]) -> bool:
-    dims = [d for d in range(len(size)) if int(size[d]) != 1]
-    dims.sort(key=lambda d: int(stride[d]))
-    expected = 1
+def is_non_overlapping_dense(size: Sequence[Any], stride: Sequence[Any], hint: Callable[[Any], int] = int) -> bool:
+    dims = [d for d in range(len(size)) if size[d] != 1]
+    dims.sort(key=lambda d: hint(stride[d]))
+    expected = sympy.Integer(1)
     for d in dims:
-        if int(stride[d]) != expected:
+        if not same_size(stride[d], expected):
             return False
-        expected *= int(size[d])
+        expected = expected * size[d]
     return True
 
 
@@ -302,6 +333,7 @@ class LoweredGraph:
     lowered_ops: dict  # op name -> count of nodes lowered to loop IR
     fallback_ops: dict  # op name -> count of nodes run as ATen calls
     lowering_errors: tuple  # lowerings that failed (a bug; the op ran through ATen)
+    sizes: Any = None  # sizes.SizeVars: the symbols of symbolic sizes, their sources and hints
 
     def buffers(self) -> dict[str, Buffer]:
         """Every named buffer the program holds: inputs, constants, computed and extern outputs."""
@@ -315,7 +347,8 @@ class LoweredGraph:
         return named
 
     def __str__(self) -> str:
-        lines = [f"input {describe_buffer(b)}" for b in self.inputs if b is not None]
+        lines = [f"size {line}" for line in str(self.sizes).splitlines()] if getattr(self.sizes, "dynamic", False) else []
+        lines += [f"input {describe_buffer(b)}" for b in self.inputs if b is not None]
         lines += [f"constant {describe_buffer(b)}" for b in self.constant_buffers.values()]
         for op in self.operations:
             lines += describe_operation(op)

@@ -35,6 +35,7 @@ from .lowering import lower
 from .runtime import compile_pool, compiled as runtime
 from .runtime.compiled import CompiledGraph
 from .schedule import analyze_reads, fuse, plan_memory
+from .sizes import SizeVars, UnsupportedSize, size_vars
 
 # every open observe() block's list; process-wide, because the backward graph compiles at the
 # first backward call, in autograd's device thread
@@ -93,11 +94,12 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         _ensure_fake_values(gm, example_inputs)
         gm = passes.post_grad_passes(gm)
     debug.graph_artifact("graphs", f"{kind}_post_grad", gm)
-    if not (_wants_triton(gm) and _static_shapes(gm) and _is_functional(gm)):
+    sizes = _size_vars(gm)                                 # SizeVars: symbols, where each is read
+    if not (_wants_triton(gm) and sizes is not None and _is_functional(gm)):
         # FX's generated code: one ATen call per node, frees at last use
         return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, clock.timings))
     with clock("lower"):
-        lowered = lower(gm)                                # LoweredGraph: buffers and their bodies
+        lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
     with clock("schedule"):
         reads = analyze_reads(lowered)                     # BufferReads: who reads what, once
@@ -108,7 +110,8 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     with clock("codegen"):
         kernels = emit_kernels(lowered, plan, reads)       # KernelSource per kernel group
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
-    compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings)  # CompiledGraph
+    compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
+                            run_aten_graph=_run_fx(gm))
     debug.artifact("output_code", f"{kind}_kernels", compiled.kernel_source)
     debug.artifact("output_code", f"{kind}_wrapper", compiled.wrapper_source)
     return _boxed(compiled)
@@ -191,13 +194,15 @@ def _wants_triton(gm: fx.GraphModule) -> bool:
     return config.triton_on_cpu
 
 
-def _static_shapes(gm: fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.SymInt) or (isinstance(val, torch.Tensor) and any(
-                isinstance(s, torch.SymInt) for s in list(val.shape) + list(val.stride()))):
-            return False
-    return True
+def _size_vars(gm: fx.GraphModule) -> Optional[SizeVars]:
+    """The graph's symbolic sizes, or None when one cannot be compiled (a size that depends
+    on data, or that the wrapper cannot read from the inputs): such graphs run as ATen calls."""
+    try:
+        return size_vars(gm)
+    except UnsupportedSize as reason:
+        debug.log_once("compile", f"unsupported_size:{reason}",
+                       f"a graph runs as ATen calls, without generated kernels: {reason}")
+        return None
 
 
 def _is_functional(gm: fx.GraphModule) -> bool:

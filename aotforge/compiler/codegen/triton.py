@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import re
 from typing import Any, Optional
 
 import sympy
@@ -31,6 +32,7 @@ from ..ir import FloorDiv, ModularIndexing, ReductionBody
 from ..ops import use_handler
 from ..schedule import BufferReads, KernelGroup, KernelPlan
 from ..ir import LoweredGraph
+from ..sizes import is_size_symbol
 from .triton_ops import ARITHMETIC, HELPERS, PREDICATES, TRITON_DTYPE, spell
 
 INT32_MAX = 2**31 - 1
@@ -58,11 +60,20 @@ class KernelSource:
     source: str  # one @triton.jit function, without the decorator
     arguments: tuple  # buffer names passed for the parameters, in order
     dtypes: tuple  # the dtype of each of those buffers
-    numel: int
-    rnumel: int
+    numel: Any  # the kernel's sizes: ints, or expressions of the graph's size symbols
+    rnumel: Any
     kind: str  # pointwise | persistent | looped
     mutates: bool
     reduction_contiguous: bool  # the reduced axis is the fastest-moving in memory
+    # symbolic sizes: the symbol passed for each ``ks<i>`` parameter, then xnumel and rnumel
+    # (the wrapper passes their values at each launch); their hints choose block sizes
+    size_symbols: tuple = ()
+    hints: tuple = ()  # hint of each size symbol, then of numel and rnumel
+    int64: bool = False  # index arithmetic in 64 bits
+
+    @property
+    def dynamic(self) -> bool:
+        return not (sympy.sympify(self.numel).is_Integer and sympy.sympify(self.rnumel).is_Integer)
 
 
 def held_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -77,15 +88,17 @@ def texpr(expr: sympy.Expr) -> str:
     if isinstance(expr, sympy.Integer):
         return str(int(expr))
     if isinstance(expr, FloorDiv):
-        return f"({_atom(expr.args[0])} // {texpr(expr.args[1])})"
+        return f"({_atom(expr.args[0])} // {_atom(expr.args[1])})"
     if isinstance(expr, ModularIndexing):
         base, divisor, modulus = expr.args
-        inner = _atom(base) if divisor == 1 else f"({_atom(base)} // {texpr(divisor)})"
-        return f"({inner} % {texpr(modulus)})"
+        inner = _atom(base) if divisor == 1 else f"({_atom(base)} // {_atom(divisor)})"
+        return f"({inner} % {_atom(modulus)})"
     if isinstance(expr, sympy.Add):
         return " + ".join(texpr(a) for a in sorted(expr.args, key=str))
     if isinstance(expr, sympy.Mul):
         return "*".join(texpr(a) if not isinstance(a, sympy.Add) else f"({texpr(a)})" for a in expr.args)
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        return "*".join([_atom(expr.base)] * int(expr.exp))
     raise NotImplementedError(f"cannot print index expression {expr!r} ({type(expr).__name__})")
 
 
@@ -111,12 +124,15 @@ REDUCTION_IDENTITY = {"sum": 0, "prod": 1, "max": "low", "min": "high", "argmax"
 class TritonKernel:
     """Generates the source of one kernel; the object is also the ``ops`` handler."""
 
-    def __init__(self, group: KernelGroup, stored: set[str], buffer_numels: dict[str, int]):
+    def __init__(self, group: KernelGroup, stored: set[str], buffer_numels: dict[str, int], hint=int):
         self.group = group
         self.stored = stored
+        self.hint = hint
         self.numel, self.rnumel = group.numel, group.rnumel
-        self.is_reduction = group.rnumel > 1
-        self.persistent = self.is_reduction and group.rnumel <= config.persistent_reduction_limit
+        self.is_reduction = group.rnumel != 1
+        # a row held in registers needs a block as long as the row: known only for static sizes
+        self.persistent = (self.is_reduction and group.rnumel.is_Integer
+                           and group.rnumel <= config.persistent_reduction_limit)
         self.members = {n.name: n for n in group.nodes if n.mutates is None}
         self.arguments: dict[str, str] = {}
         self.top: list[str] = []
@@ -131,8 +147,9 @@ class TritonKernel:
         self.symbol_levels: dict[str, int] = {}
         self.masks: list[Var] = []
         self.names = (f"tmp{i}" for i in itertools.count())
-        limit = max([self.numel * self.rnumel] + [buffer_numels.get(n.name, 0) for n in group.nodes]
-                    + list(buffer_numels.values()))
+        # (symbolic sizes: by their hints; the wrapper checks each call's sizes against INT32_MAX
+        # and runs the graph's ATen calls for a call that would overflow)
+        limit = max([hint(self.numel * self.rnumel)] + list(buffer_numels.values()))
         self.int64 = limit > INT32_MAX
 
     # --- emitting lines -----------------------------------------------------------------
@@ -156,6 +173,8 @@ class TritonKernel:
                 level = 2
             elif symbol == XINDEX:
                 level = max(level, 1)
+            elif is_size_symbol(symbol):
+                continue  # a kernel argument: the same for every element
             else:
                 level = max(level, self.symbol_levels.get(symbol.name, 2))
         return level
@@ -197,10 +216,11 @@ class TritonKernel:
             return self._recompute(self.members[name], index)
         buffer_dtype = self.buffer_dtypes[name]
         level = max([self._level_of_index(index)] + [m.level for m in self.masks])
-        if self.is_reduction and not self.masks and index.free_symbols and index.free_symbols <= {XINDEX, RINDEX}:
+        varying = {s for s in index.free_symbols if not is_size_symbol(s)}
+        if self.is_reduction and not self.masks and varying and varying <= {XINDEX, RINDEX}:
             # a row-invariant read (a weight indexed by rindex alone) loads one row's worth,
             # [1, RBLOCK], and broadcasts: no per-row copies of the same addresses
-            parts = [m for m, symbol in (("xmask", XINDEX), ("rmask", RINDEX)) if symbol in index.free_symbols]
+            parts = [m for m, symbol in (("xmask", XINDEX), ("rmask", RINDEX)) if symbol in varying]
             pointer = f"{self._argument(name)} + ({texpr(index)})"
             text = f"tl.load({pointer}, {' & '.join(parts)}, other=0)"
         else:
@@ -218,6 +238,10 @@ class TritonKernel:
         return buffer.body.fn(indices)
 
     def constant(self, value: Any, dtype: torch.dtype) -> Var:
+        if isinstance(value, sympy.Expr) and not value.is_Number:  # a symbolic size as a number
+            return self.to_dtype(self.index_expr(value, torch.int64), dtype, torch.int64)
+        if isinstance(value, sympy.Number):
+            value = int(value) if value.is_Integer else float(value)
         dtype = held_dtype(dtype)
         if isinstance(value, float) and not dtype.is_floating_point and value == int(value):
             value = int(value)
@@ -235,12 +259,15 @@ class TritonKernel:
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> Var:
         expr = simplify_index(sympy.sympify(expr))
         level = self._level_of_index(expr)
-        if level == 0:
+        if level == 0 and expr.is_Integer:
             return self.constant(int(expr), dtype)
+        if level == 0:
+            return self._emit(f"tl.full([], {texpr(expr)}, {TRITON_DTYPE[dtype]})", dtype, 0)
         return self._emit(f"({texpr(expr)}).to({TRITON_DTYPE[dtype]})", dtype, level)
 
     def indirect_indexing(self, value: Var, size: Any, check: bool = True) -> sympy.Symbol:
-        var = self._emit(f"tl.where({value} < 0, {value} + {int(size)}, {value})", value.dtype, value.level)
+        var = self._emit(f"tl.where({value} < 0, {value} + {_atom(sympy.sympify(size))}, {value})", value.dtype,
+                         value.level)
         self.symbol_levels[var.name] = var.level
         return sympy.Symbol(var.name, integer=True)
 
@@ -292,7 +319,7 @@ class TritonKernel:
             value = self._emit(f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])", dtype, 2)
         identity = self._identity(kind, dtype)
         final = Var(next(self.names), dtype if not kind.startswith("arg") else torch.int64, 1)
-        index_bound = self.rnumel
+        index_bound = texpr(sympy.sympify(self.rnumel))
         if self.persistent:
             masked = self._emit(f"tl.where({mask}, {value}, {identity})", dtype, 2)
             self.top.extend(self._finish(kind, masked.name, final.name, "rindex", index_bound, masked_source=masked.name))
@@ -318,7 +345,7 @@ class TritonKernel:
         return final
 
     @staticmethod
-    def _finish(kind: str, values: str, result: str, indices: str, bound: int, masked_source: str = "") -> list[str]:
+    def _finish(kind: str, values: str, result: str, indices: str, bound: str, masked_source: str = "") -> list[str]:
         if kind == "sum":
             return [f"{result} = tl.reduce({values}, 1, _sum_combine)[:, None]"]
         if kind == "prod":
@@ -418,12 +445,15 @@ class TritonKernel:
             prologue += ["xindex = xoffset + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
         body = header + ["    " + line for line in prologue + self.top]
         kind = "pointwise" if not self.is_reduction else ("persistent" if self.persistent else "looped")
-        text = "\n".join(body)
+        text, symbols = _size_parameters("\n".join(body))
         name = f"aot_{kind}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         arguments = tuple(self.arguments)
+        numel, rnumel = _number(self.numel), _number(self.rnumel)
+        hints = tuple(self.hint(s) for s in symbols) + (self.hint(numel), self.hint(rnumel))
         return KernelSource(self.group.name, name, text.replace("def KERNEL(", f"def {name}(", 1), arguments,
-                            tuple(buffer_dtypes[a] for a in arguments), self.numel, self.rnumel, kind,
-                            any(n.mutates is not None for n in self.group.nodes), contiguous)
+                            tuple(buffer_dtypes[a] for a in arguments), numel, rnumel, kind,
+                            any(n.mutates is not None for n in self.group.nodes), contiguous,
+                            symbols, hints, self.int64)
 
     def _reduction_contiguous(self, reads: BufferReads) -> bool:
         for buffer in self.group.nodes:
@@ -435,17 +465,44 @@ class TritonKernel:
 
 def emit_kernels(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> tuple[KernelSource, ...]:
     """The codegen stage for kernels: one Triton source per kernel group of the plan."""
+    hint = lowered.sizes.hint if lowered.sizes is not None else int
     buffers = lowered.buffers()
     dtypes = {name: b.dtype for name, b in buffers.items()}
-    numels = {name: b.layout.storage_numel() for name, b in buffers.items()}
-    return tuple(TritonKernel(group, plan.stored, numels).generate(dtypes, reads) for group in plan.kernels())
+    numels = {name: hint(b.layout.storage_numel()) for name, b in buffers.items()}
+    return tuple(TritonKernel(group, plan.stored, numels, hint).generate(dtypes, reads) for group in plan.kernels())
 
 
-def _rindex_coefficient(reads: BufferReads, buffer, numel: int, rnumel: int) -> Optional[int]:
+_SIZE_SYMBOL = re.compile(r"\bs(\d+)\b")
+
+
+def _size_parameters(text: str) -> tuple[str, tuple]:
+    """Name the size symbols a kernel's text uses by position (``s77`` -> ``ks0``), as its
+    buffers are, so that the same kernel of two graphs has one source; add them as
+    parameters before ``xnumel``. Returns the text and the symbol of each parameter."""
+    symbols: list = []
+    for match in _SIZE_SYMBOL.finditer(text):
+        symbol = sympy.Symbol(match.group(0), integer=True, positive=True)
+        if symbol not in symbols:
+            symbols.append(symbol)
+    if not symbols:
+        return text, ()
+    names = {s.name: f"ks{i}" for i, s in enumerate(symbols)}
+    text = _SIZE_SYMBOL.sub(lambda m: names[m.group(0)], text)
+    text = text.replace(", xnumel", "".join(f", {names[s.name]}" for s in symbols) + ", xnumel", 1)
+    return text, tuple(symbols)
+
+
+def _number(expr: Any) -> Any:
+    """A size as an int when it is one (static kernels keep plain numbers in their records)."""
+    expr = sympy.sympify(expr)
+    return int(expr) if expr.is_Integer else expr
+
+
+def _rindex_coefficient(reads: BufferReads, buffer, numel: Any, rnumel: Any) -> Optional[Any]:
     for _, index in reads.in_kernel(buffer, numel, rnumel) or []:
         coefficient = sympy.expand(index).coeff(RINDEX)
-        if coefficient.is_Integer and coefficient != 0:
-            return int(coefficient)
+        if coefficient != 0 and not coefficient.free_symbols & {XINDEX, RINDEX}:
+            return int(coefficient) if coefficient.is_Integer else coefficient
     return None
 
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
-from ..ir import ComputedBuffer, ExternCall, LoweredGraph, StorageView
+import sympy
+
+from ..ir import ComputedBuffer, ExternCall, LoweredGraph, StorageView, same_size
 from ..schedule import KernelGroup, KernelPlan, MemoryPlan
-from .triton import KernelSource
+from .triton import KernelSource, texpr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +40,19 @@ class Program:
         return self.source
 
 
-def _ints(values) -> tuple:
-    return tuple(int(v) for v in values)
+def _sizes(values) -> str:
+    """A tuple of sizes as Python source: numbers, or expressions of the size symbols the
+    wrapper bound at its top (``(s0, 32)``)."""
+    texts = [pyexpr(v) for v in values]
+    return f"({', '.join(texts)}{',' if len(texts) == 1 else ''})"
+
+
+def pyexpr(value: Any) -> str:
+    value = sympy.sympify(value)
+    return str(int(value)) if value.is_Integer else texpr(value)
+
+
+INT32_MAX = 2**31 - 1
 
 
 class _Writer:
@@ -59,11 +72,11 @@ class _Writer:
 
     def view(self, value: StorageView) -> str:
         buffer, layout = value.buffer, value.buffer.layout
-        if (_ints(value.size), _ints(value.stride), int(value.offset)) == (_ints(layout.size), _ints(layout.stride),
-                                                                           int(layout.offset)):
+        if (len(value.size) == len(layout.size) and all(map(same_size, value.size, layout.size))
+                and all(map(same_size, value.stride, layout.stride)) and same_size(value.offset, layout.offset)):
             return buffer.name
-        return (f"reinterpret_tensor({buffer.name}, {_ints(value.size)}, {_ints(value.stride)}, "
-                f"{int(value.offset) - int(layout.offset)})")
+        return (f"reinterpret_tensor({buffer.name}, {_sizes(value.size)}, {_sizes(value.stride)}, "
+                f"{pyexpr(sympy.expand(value.offset - layout.offset))})")
 
     def literal(self, obj: Any) -> str:
         if isinstance(obj, StorageView):
@@ -81,8 +94,8 @@ class _Writer:
             return repr(obj)
         if isinstance(obj, float):
             return repr(obj) if obj == obj and abs(obj) != float("inf") else f"float('{obj}')"
-        if isinstance(obj, torch.SymInt):
-            return repr(int(obj))
+        if isinstance(obj, sympy.Expr):  # a symbolic size (an argument, or a graph output)
+            return pyexpr(obj)
         name = f"constant_{len(self.namespace)}"
         self.namespace[name] = obj
         return name
@@ -90,20 +103,33 @@ class _Writer:
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
 
-    def inputs(self, mutated: set[str]) -> None:
+    def inputs(self, mutated: set[str], overflow_checks: list) -> None:
+        """Unpack the arguments, read the size symbols from them (once per call) and check
+        the input layouts. ``overflow_checks``: sizes that kernels index with 32-bit
+        arithmetic; a call whose sizes exceed it runs the graph's ATen calls instead."""
         names = [b.name if b is not None else f"arg_{i}" for i, b in enumerate(self.lowered.inputs)]
         self.lines.append("def call(args):")
         self.emit(f"{', '.join(names) or '()'}{',' if len(names) == 1 else ''} = args")
+        sizes = self.lowered.sizes
+        for symbol, source in (sizes.sources.items() if sizes is not None else ()):
+            kind, position = source[0], names[source[1]]
+            read = {"int": position, "size": f"{position}.size({source[-1]})",
+                    "stride": f"{position}.stride({source[-1]})", "offset": f"{position}.storage_offset()"}[kind]
+            self.emit(f"{symbol} = {read}")
+        if overflow_checks:
+            bound = overflow_checks[0] if len(overflow_checks) == 1 else f"max({', '.join(overflow_checks)})"
+            self.emit(f"if {bound} > {INT32_MAX}:")
+            self.emit("    return run_aten_graph(args)  # sizes past 32-bit indexing")
         self.emit("args.clear()")
         for buffer in self.lowered.inputs:
             if buffer is not None and buffer.layout.size:
                 check = "check_mutated_input" if buffer.name in mutated else "ensure_layout"
-                self.emit(f"{buffer.name} = {check}({buffer.name}, {_ints(buffer.layout.size)}, "
-                          f"{_ints(buffer.layout.stride)})")
+                self.emit(f"{buffer.name} = {check}({buffer.name}, {_sizes(buffer.layout.size)}, "
+                          f"{_sizes(buffer.layout.stride)})")
 
     def allocate(self, name: str, reuses: Any) -> None:
         buffer = self.buffers[name]
-        size, stride = _ints(buffer.layout.size), _ints(buffer.layout.stride)
+        size, stride = _sizes(buffer.layout.size), _sizes(buffer.layout.stride)
         if reuses is not None:
             self.emit(f"{name} = reinterpret_tensor({reuses}, {size}, {stride}, 0); del {reuses}  # reuse")
         else:
@@ -122,7 +148,7 @@ class _Writer:
             if out is None:
                 continue
             source = call.name if call.single_output else f"{call.name}[{out.output_index}]"
-            self.emit(f"{out.name} = ensure_layout({source}, {_ints(out.layout.size)}, {_ints(out.layout.stride)})")
+            self.emit(f"{out.name} = ensure_layout({source}, {_sizes(out.layout.size)}, {_sizes(out.layout.stride)})")
         self.emit(f"del {call.name}")
 
 
@@ -131,13 +157,13 @@ def emit_wrapper(lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     """The codegen stage for the wrapper: render the plan and the memory plan as Python."""
     writer = _Writer(lowered)
     mutated = {op.name for op in lowered.operations if isinstance(op, ComputedBuffer) and op.mutates is not None}
-    writer.inputs(mutated)
+    writer.inputs(mutated, _overflow_checks(lowered, kernels))
     sources = {k.group: k for k in kernels}
     for index, step in enumerate(plan.steps):
         for allocation in memory.allocations.get(index, ()):
             writer.allocate(allocation.buffer, allocation.reuses)
         if isinstance(step, KernelGroup):
-            writer.emit(f"{step.name}.run({', '.join(sources[step.name].arguments)})")
+            writer.emit(f"{step.name}.run({', '.join(_launch_arguments(sources[step.name]))})")
         else:
             writer.extern(step)
         for name in memory.frees.get(index, ()):
@@ -145,3 +171,21 @@ def emit_wrapper(lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     outputs = [writer.literal(v) for v in lowered.outputs]
     writer.emit(f"return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
     return Program("\n".join(writer.lines) + "\n", writer.namespace)
+
+
+def _launch_arguments(kernel: KernelSource) -> list[str]:
+    """The buffers, then for a kernel of symbolic sizes the values of its size symbols and
+    its two sizes (a static kernel knows its sizes)."""
+    if not kernel.dynamic:
+        return list(kernel.arguments)
+    sizes = [pyexpr(kernel.numel)] + ([pyexpr(kernel.rnumel)] if kernel.kind != "pointwise" else [])
+    return list(kernel.arguments) + [s.name for s in kernel.size_symbols] + sizes
+
+
+def _overflow_checks(lowered: LoweredGraph, kernels: tuple) -> list[str]:
+    """Symbolic sizes that kernels with 32-bit indexing address (see ``inputs``)."""
+    if not any(k.dynamic and not k.int64 for k in kernels):
+        return []
+    spans = {b.layout.storage_numel() for b in lowered.buffers().values()}
+    spans |= {sympy.expand(sympy.sympify(k.numel) * k.rnumel) for k in kernels}
+    return sorted(pyexpr(e) for e in spans if not sympy.sympify(e).is_Integer)

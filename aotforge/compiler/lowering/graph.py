@@ -20,6 +20,7 @@ from .. import ir
 from ..ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Layout, Pointwise,
                   PointwiseBody, ReductionBody, StorageView, Value)
 from ..ops import ReadRecorder, use_handler
+from ..sizes import STATIC, SizeVars, to_expr
 from .registry import LOWERINGS, LoweringContext, NotLowerable
 
 # A value used by several consumers is recomputed in each (fusing it) when it is this cheap;
@@ -30,14 +31,16 @@ REALIZE_OP_THRESHOLD = 24
 REALIZE_READ_THRESHOLD = 2
 
 
-def lower(gm: fx.GraphModule) -> ir.LoweredGraph:
-    """The lowering stage: every node of ``gm`` in loop IR or as an ATen call."""
-    return GraphLowering(gm).run().result()
+def lower(gm: fx.GraphModule, sizes: SizeVars = STATIC) -> ir.LoweredGraph:
+    """The lowering stage: every node of ``gm`` in loop IR or as an ATen call. ``sizes`` says
+    what the graph's symbolic sizes are (see sizes.py)."""
+    return GraphLowering(gm, sizes).run().result()
 
 
 class GraphLowering:
-    def __init__(self, gm: fx.GraphModule):
+    def __init__(self, gm: fx.GraphModule, sizes: SizeVars = STATIC):
         self.gm = gm
+        self.sizes = sizes
         self.operations: list[Any] = []  # ComputedBuffer | ExternCall, in program order
         self.inputs: list[Optional[InputBuffer]] = []
         self.input_names: set[str] = set()
@@ -75,8 +78,8 @@ class GraphLowering:
             if isinstance(viewed, StorageView):
                 return viewed
         size = value.size
-        if stride_hint is not None and ir.is_non_overlapping_dense(size, stride_hint):
-            stride = ir.dense_strides_like(size, stride_hint)
+        if stride_hint is not None and ir.is_non_overlapping_dense(size, stride_hint, self.sizes.hint):
+            stride = ir.dense_strides_like(size, stride_hint, self.sizes.hint)
         else:
             stride = ir.contiguous_strides(size)
         buffer = ComputedBuffer(self.new_buffer_name(), Layout(list(size), stride), value.dtype, value.device,
@@ -118,10 +121,10 @@ class GraphLowering:
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
             self.inputs.append(None)
-            return val
+            return to_expr(val) if isinstance(val, torch.SymInt) else val
         buffer = InputBuffer(node.name, Layout(list(ir.sympify_size(val.shape)), list(ir.sympify_size(val.stride()))),
                              val.dtype, val.device)
-        buffer.storage_offset = int(val.storage_offset())
+        buffer.storage_offset = to_expr(val.storage_offset())
         self.inputs.append(buffer)
         self.input_names.add(buffer.name)
         return buffer.view()
@@ -139,11 +142,16 @@ class GraphLowering:
         return buffer.view()
 
     def _call_function(self, node: fx.Node) -> Any:
+        if isinstance(node.meta.get("val"), torch.SymInt):
+            # size arithmetic (``sym_size(x, 0) * 32``): its expression, evaluated where used
+            return to_expr(node.meta["val"])
         if node.target is operator.getitem:
             container = self.values[node.args[0]]
             return container[node.args[1]]
         lowering = LOWERINGS.get(node.target) if _kernel_dtypes_only(node) else None
-        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n])
+        # a SymInt read as a number would add a guard: lowerings see its expression
+        args, kwargs = _map_values(fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n]),
+                                   lambda a: to_expr(a) if isinstance(a, torch.SymInt) else a)
         name = _op_name(node.target)
         if lowering is not None:
             emitted, realized = len(self.operations), len(self._realized)
@@ -171,7 +179,7 @@ class GraphLowering:
     def result(self) -> ir.LoweredGraph:
         return ir.LoweredGraph(tuple(self.inputs), dict(self.constants), dict(self.constant_buffers),
                                tuple(self.operations), tuple(self.outputs), dict(self.lowered_ops),
-                               dict(self.fallback_ops), tuple(self.lowering_errors))
+                               dict(self.fallback_ops), tuple(self.lowering_errors), self.sizes)
 
     def _maybe_realize(self, node: fx.Node, result: Any) -> Any:
         if isinstance(result, Pointwise):
@@ -183,18 +191,18 @@ class GraphLowering:
         recorder = ReadRecorder()
         with use_handler(recorder):
             value.make_loader()(ir.index_symbols("i", len(value.size)))
-        size = int(ir.product(value.size))
+        size = self.sizes.hint(ir.product(value.size))
         large = {name for name, _ in recorder.reads if self._numel_of(name) * 2 >= size}
         return recorder.op_count > REALIZE_OP_THRESHOLD or len(large) > REALIZE_READ_THRESHOLD
 
     def _numel_of(self, name: str) -> int:
         for buffer in self.inputs + list(self.constant_buffers.values()):
             if buffer is not None and buffer.name == name:
-                return buffer.layout.storage_numel()
+                return self.sizes.hint(buffer.layout.storage_numel())
         for op in reversed(self.operations):
             for buffer in (op.outputs if isinstance(op, ExternCall) else [op]):
                 if buffer is not None and buffer.name == name:
-                    return buffer.layout.storage_numel()
+                    return self.sizes.hint(buffer.layout.storage_numel())
         return 0
 
     def extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
@@ -244,11 +252,9 @@ def _kernel_dtypes_only(node: fx.Node) -> bool:
 
 
 def _stride_of(val: Any) -> Optional[list]:
+    """The strides eager gives a node's result (expressions; reading them adds no guard)."""
     if isinstance(val, torch.Tensor):
-        try:
-            return [int(s) for s in val.stride()]
-        except Exception:
-            return None
+        return ir.sympify_size(val.stride())
     return None
 
 

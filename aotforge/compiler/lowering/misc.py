@@ -7,11 +7,11 @@ from typing import Any, Optional, Sequence
 import sympy
 import torch
 
-from ..ir import FloorDiv, Pointwise, StorageView, Value
+from ..ir import FloorDiv, Pointwise, StorageView, Value, same_size, static_int, sympify_size
 from ..ops import ops
 from .pointwise import _cast
 from .registry import (LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype,
-                       normalize_dim, register, static_ints)
+                       normalize_dim, register, size_exprs, static, static_ints)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -27,7 +27,7 @@ def _meta_device(ctx: LoweringContext) -> torch.device:
 @register(aten.full.default)
 def full(ctx: LoweringContext, size: Sequence[Any], fill_value: Any, **kwargs: Any) -> Value:
     dtype = ctx.result_dtype()
-    return Pointwise(static_ints(size), dtype, _meta_device(ctx), lambda index: ops.constant(fill_value, dtype))
+    return Pointwise(size_exprs(size), dtype, _meta_device(ctx), lambda index: ops.constant(fill_value, dtype))
 
 
 @register(aten.full_like.default)
@@ -45,7 +45,7 @@ def scalar_tensor(ctx: LoweringContext, value: Any, **kwargs: Any) -> Value:
 @register(aten.arange.start_step, aten.arange.default, aten.arange.start, prims.iota.default)
 def arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Value:
     dtype = ctx.result_dtype()
-    length = int(ctx.value.shape[0])
+    length = sympify_size(ctx.value.shape)[0]
     if ctx.op is prims.iota.default:
         start, step = kwargs["start"], kwargs["step"]
     else:
@@ -64,6 +64,20 @@ def arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Value:
     return Pointwise([length], dtype, _meta_device(ctx), fn)
 
 
+def size_value(size: Any) -> Any:
+    """A size as an int64 value in a kernel (a symbolic one is a kernel argument)."""
+    if static_int(size) is not None:
+        return ops.constant(int(size), torch.int64)
+    return ops.index_expr(size, torch.int64)
+
+
+def _at_least(size: Any, bound: Any) -> bool:
+    """``size >= bound`` for every value of their symbols (as far as we can tell)."""
+    if same_size(size, bound):
+        return True
+    return static_int(size) is not None and static_int(bound) is not None and int(size) >= int(bound)
+
+
 def _to(value, dtype, source):
     return ops.to_dtype(value, dtype, source) if dtype != source else value
 
@@ -76,26 +90,26 @@ def cat(ctx: LoweringContext, tensors: Sequence[Value], dim: int = 0) -> Value:
         raise NotLowerable("cat of empty tensors")
     dtype = ctx.result_dtype()
     dim = normalize_dim(dim, len(tensors[0].size))
-    starts, total = [], 0
+    starts, total = [], sympy.Integer(0)
     for t in tensors:
         starts.append(total)
-        total += int(t.size[dim])
+        total = total + t.size[dim]
     size = list(tensors[0].size)
-    size[dim] = sympy.Integer(total)
+    size[dim] = total
     loaders = [broadcast_loader(t, t.size, dtype) for t in tensors]
 
     def fn(index):
         position = index[dim]
         result = None
         for t, start, load in zip(tensors, starts, loaders):
-            end = start + int(t.size[dim])
+            end = start + t.size[dim]
             shifted = index[:dim] + [position - start] + index[dim + 1:]
             where_ = ops.index_expr(position, torch.int64)
             inside = None
-            if start > 0:
-                inside = ops.ge(where_, ops.constant(start, torch.int64))
-            if end < total:
-                below = ops.lt(where_, ops.constant(end, torch.int64))
+            if start != 0:
+                inside = ops.ge(where_, size_value(start))
+            if not same_size(end, total):
+                below = ops.lt(where_, size_value(end))
                 inside = below if inside is None else ops.logical_and(inside, below)
             if inside is None:
                 return load(shifted)
@@ -121,11 +135,11 @@ def constant_pad_nd(ctx: LoweringContext, x: Value, pad: Sequence[int], value: A
         source = [i - low for i, low in zip(index, lows)]
         mask = None
         for d, (i, low) in enumerate(zip(source, lows)):
-            if low == 0 and size[d] <= x.size[d]:
+            if low == 0 and same_size(size[d], x.size[d]):
                 continue
             position = ops.index_expr(i, torch.int64)
             inside = ops.logical_and(ops.ge(position, ops.constant(0, torch.int64)),
-                                     ops.lt(position, ops.constant(int(x.size[d]), torch.int64)))
+                                     ops.lt(position, size_value(x.size[d])))
             mask = inside if mask is None else ops.logical_and(mask, inside)
         if mask is None:
             return load(source)
@@ -215,9 +229,9 @@ def embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx: 
 @register(aten.slice_scatter.default)
 def slice_scatter(ctx: LoweringContext, x: Value, source: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
     dim = normalize_dim(dim, len(x.size))
-    length = int(x.size[dim])
-    start = 0 if start is None else int(start)
-    end = length if end is None else int(end)
+    length = static(x.size[dim])
+    start = 0 if start is None else static(start)
+    end = length if end is None else static(end)
     start, end = (start + length if start < 0 else start), min(length, end + length if end < 0 else end)
     load_x, load_source = x.make_loader(), broadcast_loader(source, source.size, x.dtype)
 
@@ -237,7 +251,7 @@ def slice_scatter(ctx: LoweringContext, x: Value, source: Value, dim: int = 0, s
 @register(aten.select_scatter.default)
 def select_scatter(ctx: LoweringContext, x: Value, source: Value, dim: int, position: int) -> Value:
     dim = normalize_dim(dim, len(x.size))
-    position = int(position) + (int(x.size[dim]) if int(position) < 0 else 0)
+    position = static(position) + (static(x.size[dim]) if static(position) < 0 else 0)
     load_x, load_source = x.make_loader(), broadcast_loader(source, source.size, x.dtype)
 
     def fn(index_):
@@ -270,7 +284,7 @@ def scatter(ctx: LoweringContext, x: Value, dim: int, index_: Value, source: Any
     if list(index_.size) != expected:
         raise NotLowerable("scatter with more than one index per row")
     if isinstance(source, Value) and (len(source.size) != len(expected)
-                                      or any(int(s) < int(e) for s, e in zip(source.size, expected))):
+                                      or not all(_at_least(s, e) for s, e in zip(source.size, expected))):
         raise NotLowerable("scatter source smaller than its index")
     load_x, load_index = x.make_loader(), index_.make_loader()
     load_source = source.make_loader() if isinstance(source, Value) else None

@@ -5,7 +5,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..ir import Pointwise, StorageView, Value
+from ..ir import Pointwise, StorageView, Value, same_size, sympify_size
 from ..ops import ops
 from .registry import (LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype,
                        promoted_dtype, register)
@@ -213,11 +213,8 @@ def clone(ctx: LoweringContext, x: Value, *, memory_format: Any = None) -> Value
     becomes a lazy copy, which a graph output realizes with eager's strides."""
     val = ctx.value
     if isinstance(x, StorageView) and isinstance(val, torch.Tensor) and len(val.shape) == len(x.size):
-        try:
-            expected = [int(s) for s in val.stride()]
-        except Exception:  # symbolic strides: nothing to compare
-            return x
-        if [int(s) for s in x.stride] != expected:
+        expected = sympify_size(val.stride())  # expressions: comparing them adds no guard
+        if not all(n == 1 or same_size(s, e) for n, s, e in zip(x.size, x.stride, expected)):
             return Pointwise(x.size, x.dtype, x.device, x.make_loader())
     return x
 

@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from ...config import config
-from ..ir import Pointwise, StorageView, Value, contiguous_strides, product
+from ..ir import Pointwise, StorageView, Value, contiguous_strides, product, static_int
 from ..ops import ops
 from .registry import LoweringContext, NotLowerable, compute_dtype, normalize_dim, register
 
@@ -24,10 +24,10 @@ def reduce(ctx: LoweringContext, x: Value, dims: Optional[Sequence[int]], keepdi
     kept = [d for d in range(rank) if d not in dims]
     ranges = [x.size[d] for d in kept]
     reduction_ranges = [x.size[d] for d in dims]
-    if int(product(reduction_ranges)) == 0 or int(product(ranges)) == 0:
+    if product(reduction_ranges) == 0 or product(ranges) == 0:
         raise NotLowerable("empty reductions run as ATen calls")
     load, source = x.make_loader(), x.dtype
-    if int(product(reduction_ranges)) == 1:
+    if product(reduction_ranges) == 1:
         return _reduce_single(x, dims, kept, keepdim, reduction_type, out_dtype, source_dtype)
 
     def value_at(index, rindex):
@@ -39,7 +39,9 @@ def reduce(ctx: LoweringContext, x: Value, dims: Optional[Sequence[int]], keepdi
         value = load(full)
         return ops.to_dtype(value, source_dtype, source) if source != source_dtype else value
 
-    splits = _split_count(int(product(ranges)), int(product(reduction_ranges)), reduction_type)
+    numel, rnumel = static_int(product(ranges)), static_int(product(reduction_ranges))
+    # symbolic sizes: no split (a piece count must divide the reduced length for every size)
+    splits = _split_count(numel, rnumel, reduction_type) if numel is not None and rnumel is not None else 1
     if splits > 1:
         out = _split_reduction(ctx.graph, ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype,
                                x.device, splits)
@@ -143,15 +145,21 @@ def mean(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False
         raise NotLowerable("mean of an integer tensor")
     rank = len(x.size)
     dims = _dims_arg(dims) or list(range(rank))
-    count = int(product([x.size[normalize_dim(d, rank)] for d in dims])) if rank else 1
+    count = product([x.size[normalize_dim(d, rank)] for d in dims]) if rank else 1
     total = reduce(ctx, x, dims, keepdim, "sum", compute_dtype(out), compute_dtype(out))
     return _divide(total, count, out)
 
 
-def _divide(total: Value, count: int, out: torch.dtype) -> Value:
+def _divide(total: Value, count: Any, out: torch.dtype) -> Value:
+    """``total / count``; a symbolic count is read as an index expression (a kernel argument)."""
     load, source = total.make_loader(), total.dtype
+
+    def divisor():
+        if static_int(count) is not None:
+            return ops.constant(int(count), source)
+        return ops.to_dtype(ops.index_expr(count, torch.int64), source, torch.int64)
     return Pointwise(total.size, out, total.device, lambda index: _cast(
-        ops.truediv(load(index), ops.constant(count, source)), out, source))
+        ops.truediv(load(index), divisor()), out, source))
 
 
 def _cast(value, dtype, source):
@@ -216,7 +224,7 @@ def var(ctx: LoweringContext, x: Value, dims: Any = None, *, correction: Any = N
     compute = compute_dtype(out)
     rank = len(x.size)
     dims = _dims_arg(dims) or list(range(rank))
-    count = int(product([x.size[normalize_dim(d, rank)] for d in dims])) if rank else 1
+    count = product([x.size[normalize_dim(d, rank)] for d in dims]) if rank else 1
     correction = 1 if correction is None else correction
     average = _divide(reduce(ctx, x, dims, True, "sum", compute, compute), count, compute)
     average = ctx.realize(average)
@@ -229,7 +237,7 @@ def var(ctx: LoweringContext, x: Value, dims: Any = None, *, correction: Any = N
         return ops.mul(centered, centered)
     deviations = Pointwise(x.size, compute, x.device, squared_deviation)
     total = reduce(ctx, deviations, dims, keepdim, "sum", compute, compute)
-    variance = _divide(total, max(count - correction, 0), out)
+    variance = _divide(total, max(count - correction, 0) if static_int(count) is not None else count - correction, out)
     if ctx.op is aten.var_mean.correction:
         mean_out = average if keepdim else reduce_view_squeeze(ctx, average, dims)
         from .pointwise import _cast as cast_value

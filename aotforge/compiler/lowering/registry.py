@@ -74,6 +74,10 @@ class LoweringContext:
             return self.value.device
         raise NotLowerable("cannot tell the device")
 
+    def hint(self, expr: Any) -> int:
+        """A size's value in the example inputs: for choices that affect speed only."""
+        return self.graph.sizes.hint(expr)
+
     def realize(self, value: Value, stride_hint: Optional[list] = None) -> Any:
         return self.graph.realize(value, stride_hint)
 
@@ -98,6 +102,8 @@ def promoted_dtype(*args: Any, kind: str = "DEFAULT") -> tuple[torch.dtype, torc
             proxies.append(torch.empty([1] * len(arg.size), dtype=arg.dtype, device="meta"))
         elif isinstance(arg, (bool, int, float)):
             proxies.append(arg)
+        elif isinstance(arg, sympy.Expr):  # a symbolic size used as a number
+            proxies.append(1)
     if not proxies:
         raise NotLowerable("no operands")
     return elementwise_dtypes(*proxies, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind))
@@ -158,17 +164,24 @@ def as_value(obj: Any) -> Value:
 
 
 def static_ints(values: Iterable[Any]) -> list[int]:
+    """Integer arguments that must be numbers (a symbolic one: the op runs as an ATen call)."""
     out = []
     for v in values:
-        if isinstance(v, (torch.SymInt, sympy.Expr)) and not isinstance(v, sympy.Integer):
-            try:
-                v = int(v)
-            except Exception as exc:  # symbolic size: this path needs static shapes
-                raise NotLowerable("symbolic sizes are not lowered") from exc
+        if isinstance(v, sympy.Expr) and not v.is_Integer:
+            raise NotLowerable(f"this lowering needs a static value, got the symbolic size {v}")
         out.append(int(v))
     return out
 
 
-def numel(value: Value) -> int:
-    return int(product(value.size))
+def static(value: Any) -> int:
+    return static_ints([value])[0]
+
+
+def size_exprs(values: Iterable[Any]) -> list[sympy.Expr]:
+    """Size arguments (ints, or expressions of symbolic sizes) as sympy expressions."""
+    return [v if isinstance(v, sympy.Expr) else sympy.Integer(int(v)) for v in values]
+
+
+def numel(value: Value) -> Any:
+    return product(value.size)
 

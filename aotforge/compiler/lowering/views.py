@@ -7,14 +7,14 @@ A view of a realized buffer is a new ``StorageView`` (size, stride, offset); a v
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import sympy
 import torch
 
-from ..ir import (ModularIndexing, Pointwise, StorageView, Value, contiguous_strides, product,
-                  strided_index, sympify_size)
-from .registry import LoweringContext, NotLowerable, normalize_dim, register, static_ints
+from ..ir import (ModularIndexing, Pointwise, StorageView, Value, contiguous_strides, product, same_size,
+                  static_int, strided_index, sympify_size)
+from .registry import LoweringContext, NotLowerable, normalize_dim, register, size_exprs, static, static_ints
 
 aten = torch.ops.aten
 
@@ -42,21 +42,78 @@ def _meta_view(x: StorageView, method: str, *args: Any) -> StorageView:
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(ctx: LoweringContext, x: Value, size: Sequence[Any]) -> Value:
-    size = static_ints(size)
-    total = int(product(x.size))
+    size = size_exprs(size)
     if -1 in size:
-        known = int(product([s for s in size if s != -1]))
-        size[size.index(-1)] = total // known if known else 0
+        known = product([s for s in size if s != -1])
+        size[size.index(-1)] = _exact_quotient(product(x.size), known) if known != 0 else sympy.Integer(0)
+    static = all(s.is_Integer for s in list(size) + list(x.size))
     if isinstance(x, StorageView):
-        try:
-            return _meta_view(x, "view", size)
-        except RuntimeError:
-            pass  # not expressible as strides: fall through to an index remap
-    new_size = sympify_size(size)
-    return remap(x, new_size, _reshape_index_map(x.size, new_size), lambda base: view(ctx, base, size))
+        if static and all(s.is_Integer for s in x.stride):
+            try:
+                return _meta_view(x, "view", [int(s) for s in size])
+            except RuntimeError:
+                pass  # not expressible as strides: fall through to an index remap
+        else:
+            strides = _view_strides(x, size, _reshape_groups(x.size, size, ctx.hint))
+            if strides is not None:
+                return StorageView(x.buffer, size, strides, x.offset)
+    return remap(x, size, _reshape_index_map(x.size, size, ctx.hint), lambda base: view(ctx, base, size))
 
 
-def _reshape_index_map(old_size, new_size):
+def _exact_quotient(total: Any, known: Any) -> sympy.Expr:
+    quotient = sympy.cancel(total / known)
+    if sympy.fraction(quotient)[1] != 1:
+        raise NotLowerable(f"cannot divide the size {total} by {known} exactly")
+    return sympy.expand(quotient)
+
+
+def _view_strides(x: StorageView, new_size: list, groups: list) -> Optional[list]:
+    """Strides for viewing ``x`` as ``new_size`` without a copy (symbolic sizes), or None:
+    within each group of merged or split dimensions the old dimensions must be one
+    contiguous run, which the new dimensions then subdivide."""
+    strides: list = [sympy.Integer(0)] * len(new_size)
+    for old_group, new_group in groups:
+        real = [d for d in old_group if x.size[d] != 1]
+        for outer, inner in zip(real, real[1:]):
+            if not same_size(x.stride[outer], x.stride[inner] * x.size[inner]):
+                return None
+        running = x.stride[real[-1]] if real else sympy.Integer(1)
+        for d in reversed(new_group):
+            strides[d] = running
+            running = running * new_size[d]
+    return strides
+
+
+def _reshape_groups(old_size, new_size, hint) -> list:
+    """Dimensions of a reshape's input and output, in groups of equal element count
+    (``[2, 16, 32] -> [32, 32]``: ``([0, 1], [0]), ([2], [1])``). Symbolic sizes are ordered by
+    their hints; a group whose counts are not equal for every size is refused."""
+    groups, old, new = [], 0, 0
+    while old < len(old_size) or new < len(new_size):
+        old_group, new_group = [], []
+        old_product = new_product = sympy.Integer(1)
+        while True:
+            if hint(old_product) <= hint(new_product) and old < len(old_size) and (
+                    hint(old_product) < hint(new_product) or not old_group or old_size[old] == 1):
+                old_group.append(old)
+                old_product = old_product * old_size[old]
+                old += 1
+            elif new < len(new_size) and (hint(new_product) < hint(old_product) or not new_group or new_size[new] == 1):
+                new_group.append(new)
+                new_product = new_product * new_size[new]
+                new += 1
+            else:
+                break
+            if same_size(old_product, new_product) and (old >= len(old_size) or old_size[old] != 1) \
+                    and (new >= len(new_size) or new_size[new] != 1):
+                break
+        if not same_size(old_product, new_product):
+            raise NotLowerable(f"reshape {list(old_size)} -> {list(new_size)}: groups differ for some sizes")
+        groups.append((old_group, new_group))
+    return groups
+
+
+def _reshape_index_map(old_size, new_size, hint=int):
     """Map a reshape's output index to its input index group by group: dimensions that merge
     or split stay local (``[2, 16, 32] -> [32, 32]`` touches only the first two), so index
     expressions stay simple enough to compare and to print::
@@ -65,25 +122,7 @@ def _reshape_index_map(old_size, new_size):
     """
     from ..indexing import split_flat
 
-    groups, old, new = [], 0, 0
-    while old < len(old_size) or new < len(new_size):
-        old_group, new_group = [], []
-        old_product = new_product = 1
-        while True:
-            if old_product <= new_product and old < len(old_size) and (old_product < new_product or not old_group or int(old_size[old]) == 1):
-                old_group.append(old)
-                old_product *= int(old_size[old])
-                old += 1
-            elif new < len(new_size) and (new_product < old_product or not new_group or int(new_size[new]) == 1):
-                new_group.append(new)
-                new_product *= int(new_size[new])
-                new += 1
-            else:
-                break
-            if old_product == new_product and (old >= len(old_size) or int(old_size[old]) != 1) \
-                    and (new >= len(new_size) or int(new_size[new]) != 1):
-                break
-        groups.append((old_group, new_group))
+    groups = _reshape_groups(old_size, new_size, hint)
 
     def index_map(index):
         out = [sympy.Integer(0)] * len(old_size)
@@ -120,12 +159,12 @@ def t(ctx: LoweringContext, x: Value) -> Value:
 
 @register(aten.expand.default)
 def expand(ctx: LoweringContext, x: Value, size: Sequence[Any], *, implicit: bool = False) -> Value:
-    size = static_ints(size)
+    size = size_exprs(size)
     skip = len(size) - len(x.size)
-    new_size = [x.size[d - skip] if s == -1 else sympy.Integer(s) for d, s in enumerate(size)]
+    new_size = [x.size[d - skip] if s == -1 else s for d, s in enumerate(size)]
     if isinstance(x, StorageView):
         stride = [sympy.Integer(0)] * skip + [
-            x.stride[d] if x.size[d] == new_size[skip + d] else sympy.Integer(0) for d in range(len(x.size))]
+            x.stride[d] if same_size(x.size[d], new_size[skip + d]) else sympy.Integer(0) for d in range(len(x.size))]
         return StorageView(x.buffer, new_size, stride, x.offset)
     own = x.size
     return remap(x, new_size, lambda index: [sympy.Integer(0) if own[d] == 1 else index[skip + d]
@@ -163,15 +202,33 @@ def squeeze(ctx: LoweringContext, x: Value, dims: Any = None) -> Value:
 
 
 @register(aten.slice.Tensor)
-def slice_(ctx: LoweringContext, x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
+def slice_(ctx: LoweringContext, x: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1,
+           count: Any = None) -> Value:
+    """``count`` (the result's length along ``dim``) is taken from the node's fake value when
+    any size involved is symbolic: clamping a symbolic range needs min/max, which eager has
+    already decided for the example and Dynamo guarded."""
     dim = normalize_dim(dim, len(x.size))
-    length = int(x.size[dim])
-    start, end = 0 if start is None else int(start), length if end is None else int(end)
-    start = max(0, start + length if start < 0 else start)
-    end = min(length, max(0, end + length if end < 0 else end))
-    count = max(0, (end - start + step - 1) // step)
+    step = static(step)
+    length = static_int(x.size[dim])
+    bounds = [b for b in (start, end) if b is not None]
+    if length is not None and all(static_int(b) is not None for b in bounds):
+        start, end = 0 if start is None else int(start), length if end is None else int(end)
+        start = max(0, start + length if start < 0 else start)
+        end = min(length, max(0, end + length if end < 0 else end))
+        count = sympy.Integer(max(0, (end - start + step - 1) // step))
+    else:
+        if count is None:
+            if not isinstance(ctx.value, torch.Tensor):
+                raise NotLowerable("a symbolic slice whose length is unknown")
+            count = sympify_size(ctx.value.shape)[dim]
+        start = sympy.Integer(0) if start is None else sympy.sympify(start)
+        if start.is_Integer and int(start) < 0:
+            start = start + x.size[dim]
+        if start.is_Integer and int(start) < 0:
+            raise NotLowerable("a slice starting before the tensor")
+    start = static_int(start) if static_int(start) is not None else start
     size = list(x.size)
-    size[dim] = sympy.Integer(count)
+    size[dim] = count
     if isinstance(x, StorageView):
         stride = list(x.stride)
         stride[dim] = x.stride[dim] * step
@@ -182,9 +239,9 @@ def slice_(ctx: LoweringContext, x: Value, dim: int = 0, start: Any = None, end:
 @register(aten.select.int)
 def select(ctx: LoweringContext, x: Value, dim: int, position: int) -> Value:
     dim = normalize_dim(dim, len(x.size))
-    position = int(position)
+    position = static(position)
     if position < 0:
-        position += int(x.size[dim])
+        position = x.size[dim] + position
     if isinstance(x, StorageView):
         return StorageView(x.buffer, x.size[:dim] + x.size[dim + 1:], x.stride[:dim] + x.stride[dim + 1:],
                            x.offset + position * x.stride[dim])
@@ -193,23 +250,23 @@ def select(ctx: LoweringContext, x: Value, dim: int, position: int) -> Value:
 
 @register(aten.split.Tensor)
 def split(ctx: LoweringContext, x: Value, split_size: int, dim: int = 0) -> tuple:
-    length = int(x.size[normalize_dim(dim, len(x.size))])
+    length = static(x.size[normalize_dim(dim, len(x.size))])
     sizes = [min(split_size, length - start) for start in range(0, length, split_size)] or [0]
     return split_with_sizes(ctx, x, sizes, dim)
 
 
 @register(aten.split_with_sizes.default)
 def split_with_sizes(ctx: LoweringContext, x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
-    out, start = [], 0
-    for size in sizes:
-        out.append(slice_(ctx, x, dim, start, start + size))
-        start += size
+    out, start = [], sympy.Integer(0)
+    for size in size_exprs(sizes):
+        out.append(slice_(ctx, x, dim, start, start + size, count=size))
+        start = start + size
     return tuple(out)
 
 
 @register(aten.unbind.int)
 def unbind(ctx: LoweringContext, x: Value, dim: int = 0) -> tuple:
-    return tuple(select(ctx, x, dim, i) for i in range(int(x.size[normalize_dim(dim, len(x.size))])))
+    return tuple(select(ctx, x, dim, i) for i in range(static(x.size[normalize_dim(dim, len(x.size))])))
 
 
 @register(aten.as_strided.default)
@@ -217,17 +274,17 @@ def as_strided(ctx: LoweringContext, x: Value, size: Sequence[int], stride: Sequ
     """Only on a buffer we own, whose storage starts at its data pointer."""
     x = ctx.realize(x)
     base_offset = getattr(x.buffer, "storage_offset", 0)
-    offset = (int(storage_offset) if storage_offset is not None else base_offset) - base_offset
-    if offset < 0:
-        raise NotLowerable("as_strided before the buffer's start")
-    return StorageView(x.buffer, static_ints(size), static_ints(stride), sympy.Integer(offset))
+    offset = sympy.sympify((storage_offset if storage_offset is not None else base_offset) - base_offset)
+    if static_int(offset) is None or static_int(offset) < 0:
+        raise NotLowerable("as_strided before the buffer's start, or at a symbolic offset")
+    return StorageView(x.buffer, size_exprs(size), size_exprs(stride), offset)
 
 
 @register(aten.diagonal.default)
 def diagonal(ctx: LoweringContext, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
     rank = len(x.size)
     dim1, dim2 = normalize_dim(dim1, rank), normalize_dim(dim2, rank)
-    length = max(0, min(int(x.size[dim1]) - max(-offset, 0), int(x.size[dim2]) - max(offset, 0)))
+    length = max(0, min(static(x.size[dim1]) - max(-offset, 0), static(x.size[dim2]) - max(offset, 0)))
     rest = [d for d in range(rank) if d not in (dim1, dim2)]
 
     def index_map(index):

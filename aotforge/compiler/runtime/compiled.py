@@ -95,13 +95,16 @@ def _launcher(source: KernelSource) -> Any:
     # with the argument dtypes the kernel is handed to the compile pool at once (GPU only)
     kernel = launch.Kernel(getattr(module, source.name), source.name, source.source, source.kind, source.numel,
                            source.rnumel, source.reduction_contiguous, source.mutates,
-                           arg_dtypes=None if None in source.dtypes else source.dtypes)
+                           arg_dtypes=None if None in source.dtypes else source.dtypes,
+                           hints=source.hints if source.dynamic else None)
     with _launchers_lock:
         return _launchers.setdefault(key, kernel)
 
 
 def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
-         program: Program, timings: dict) -> CompiledGraph:
+         program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None) -> CompiledGraph:
+    """``run_aten_graph``: the graph's own ATen calls, for a call whose symbolic sizes are
+    too large for the kernels' 32-bit indexing."""
     started = time.perf_counter()
     # longest sources first: each launcher hands its kernel to the compile pool as it is made,
     # and starting the slowest compiles first keeps the pool's last round short
@@ -109,7 +112,8 @@ def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     namespace = dict(program.namespace)
     namespace.update(launchers)
     namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,
-                     ensure_layout=launch.ensure_layout, check_mutated_input=launch.check_mutated_input)
+                     ensure_layout=launch.ensure_layout, check_mutated_input=launch.check_mutated_input,
+                     run_aten_graph=run_aten_graph)
     code = compile(program.source, f"<aotforge {kind} wrapper>", "exec")
     exec(code, namespace)
     timings["load"] = time.perf_counter() - started

@@ -3,8 +3,9 @@
 ``JITFunction.run`` binds the arguments, computes their specialization (dtype and 16-byte
 alignment of each pointer, value classes of integers), looks the compiled kernel up and only
 then launches: tens of microseconds of Python per launch, which for a training step of a few
-hundred small kernels is a large part of the step. Our kernels' sizes and block sizes are
-fixed at compile time, so the only thing that can change between calls is the arguments'
+hundred small kernels is a large part of the step. Our kernels' block sizes are fixed at
+compile time (and their sizes too, unless symbolic: then the grid follows the size argument),
+so the only thing that can change what Triton launches between calls is the arguments'
 specialization. ``DirectLauncher`` keeps, per specialization seen, the compiled kernel that
 Triton's own launch chose, and calls its launcher directly; an argument with a new
 specialization (an unaligned view, say) goes through Triton once more and is remembered.
@@ -21,8 +22,10 @@ import torch
 
 def specialization(args: Sequence[Any]) -> tuple:
     """What Triton specializes a kernel on, for our arguments: each tensor's dtype and whether
-    its data is 16-byte aligned; other arguments by value."""
-    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args)
+    its data is 16-byte aligned; each integer (the sizes of a kernel of symbolic sizes) by
+    whether it is 1, a multiple of 16, and fits 32 bits."""
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+                 else (a == 1, a % 16 == 0, -2**31 <= a < 2**31) if isinstance(a, int) else a for a in args)
 
 
 def usable(compiled: Any) -> bool:
@@ -37,18 +40,17 @@ def usable(compiled: Any) -> bool:
             and hasattr(compiled, "function") and hasattr(compiled, "packed_metadata"))
 
 
-def make_launch(compiled: Any, grid: tuple[int, ...], tail: tuple) -> Callable[[Sequence[Any]], None]:
-    """``launch(args)``: ``compiled`` on ``grid`` with ``args`` followed by ``tail`` (the sizes
-    and the constexpr values, as Triton passes every bound argument to the launcher)."""
+def make_launch(compiled: Any, grid: Callable[[Sequence[Any]], int], tail: tuple) -> Callable[[Sequence[Any]], None]:
+    """``launch(args)``: ``compiled`` on ``grid(args)`` programs with ``args`` followed by
+    ``tail`` (the static sizes and the constexpr values, as Triton passes every bound argument
+    to the launcher)."""
     from triton.runtime.driver import driver
 
     current_device, current_stream = driver.active.get_current_device, driver.active.get_current_stream
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-    grid_0, grid_1, grid_2 = (*grid, 1, 1)[:3]
 
     def launch(args: Sequence[Any]) -> None:
-        run(grid_0, grid_1, grid_2, current_stream(current_device()), function, metadata, None, None, None,
-            *args, *tail)
+        run(grid(args), 1, 1, current_stream(current_device()), function, metadata, None, None, None, *args, *tail)
     return launch
 
 
@@ -62,5 +64,5 @@ class DirectLauncher:
         key = specialization(args)
         return key, self.launches.get(key)
 
-    def remember(self, key: tuple, compiled: Any, grid: tuple[int, ...], tail: tuple) -> None:
+    def remember(self, key: tuple, compiled: Any, grid: Callable[[Sequence[Any]], int], tail: tuple) -> None:
         self.launches[key] = make_launch(compiled, grid, tail) if usable(compiled) else None

@@ -154,9 +154,17 @@ class Kernel:
     def __init__(self, fn: Any, name: str, source: str, kind: str, numel: int, rnumel: int,
                  contiguous: bool, mutates: bool, *, arg_dtypes: Optional[Sequence[torch.dtype]] = None,
                  module_path: Optional[str] = None,
-                 precompiled: Optional[Future | Sequence[Future]] = None):
+                 precompiled: Optional[Future | Sequence[Future]] = None, hints: Optional[Sequence[int]] = None):
         self.fn, self.name, self.source, self.kind = fn, name, source, kind
-        self.numel, self.rnumel, self.mutates = numel, rnumel, mutates
+        self.mutates = mutates
+        # Symbolic sizes (``hints`` given: example values of the size symbols, numel and
+        # rnumel): the wrapper passes the sizes with the buffers at each launch and the grid
+        # follows them; block sizes are chosen once, for the hints (masks make any size right).
+        self.dynamic = hints is not None
+        self.hints = tuple(hints) if hints is not None else ()
+        if self.dynamic:
+            numel, rnumel = self.hints[-2], self.hints[-1]
+        self.numel, self.rnumel = numel, rnumel
         self.configs = candidate_configs(kind, numel, rnumel, contiguous)
         # read now, while compiling: the first launch (a backward's, in autograd's thread)
         # runs outside the config patches this kernel was compiled under
@@ -176,7 +184,10 @@ class Kernel:
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        return (self.numel,) if self.kind == "pointwise" else (self.numel, self.rnumel)
+        """The integer arguments after the buffers (for symbolic sizes: their hints; the
+        wrapper passes the real ones)."""
+        static = (self.numel,) if self.kind == "pointwise" else (self.numel, self.rnumel)
+        return self.hints[:-2] + static if self.dynamic else static
 
     def tunes(self) -> bool:
         """Whether this kernel's first launch times its candidates (given a device that tunes)."""
@@ -211,15 +222,28 @@ class Kernel:
                     log.warning("aotforge: the compile pool failed to compile %s (%s: %s); compiling "
                                 "kernels in this process instead", self.name, type(error).__name__, error)
 
-    def _grid(self, chosen: dict) -> tuple[int]:
-        return ((self.numel + chosen["XBLOCK"] - 1) // chosen["XBLOCK"],)
+    def _grid(self, chosen: dict) -> Callable[[Sequence[Any]], int]:
+        """Programs to launch for given arguments: from the size argument when sizes are
+        symbolic, else fixed."""
+        xblock = chosen["XBLOCK"]
+        if self.dynamic:
+            position = -1 if self.kind == "pointwise" else -2
+            return lambda args: (args[position] + xblock - 1) // xblock
+        programs = (self.numel + xblock - 1) // xblock
+        return lambda args: programs
 
     def _launch(self, args: Sequence[Any], chosen: dict) -> Any:
         """Launch through Triton's dispatch; returns the compiled kernel it chose (3.x)."""
-        return self.fn[self._grid(chosen)](*args, *self.sizes, **chosen)
+        grid = (self._grid(chosen)(args),)
+        if self.dynamic:
+            return self.fn[grid](*args, **chosen)
+        return self.fn[grid](*args, *self.sizes, **chosen)
+
+    def _numel(self, args: Sequence[Any]) -> int:
+        return (args[-1] if self.kind == "pointwise" else args[-2] * args[-1]) if self.dynamic else self.numel
 
     def run(self, *args: Any) -> None:
-        if self.numel == 0:
+        if self._numel(args) == 0:
             return  # an empty tensor: nothing to compute (and a grid of 0 programs is an error)
         if self.best is None:
             self._first_run(args)
@@ -240,7 +264,8 @@ class Kernel:
         compiled = self._launch(args, self.best)
         if key not in self.direct.launches:  # a new specialization: launch it directly next time
             constexprs = tuple(self.best[p.name] for p in getattr(self.fn, "params", ()) if p.is_constexpr)
-            self.direct.remember(key, compiled, self._grid(self.best), (*self.sizes, *constexprs))
+            sizes = () if self.dynamic else self.sizes  # symbolic sizes come with the arguments
+            self.direct.remember(key, compiled, self._grid(self.best), (*sizes, *constexprs))
 
     def _first_run(self, args: Sequence[Any]) -> None:
         """Wait for the compile pool, choose a configuration, launch. ``seconds``: the wait,

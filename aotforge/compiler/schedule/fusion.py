@@ -25,7 +25,8 @@ import sympy
 
 from ...config import config
 from ..indexing import RINDEX, XINDEX, node_indices
-from ..ir import ComputedBuffer, ExternCall, LoweredGraph, ReductionBody
+from ..ir import ComputedBuffer, ExternCall, LoweredGraph, ReductionBody, same_size, static_int
+from ..sizes import is_size_symbol
 from .reads import BufferReads, kernel_shape
 
 
@@ -34,8 +35,8 @@ class KernelGroup:
     """Buffers computed by one kernel over ``numel`` outputs of ``rnumel`` reduced elements."""
 
     name: str
-    numel: int
-    rnumel: int
+    numel: Any  # sympy expressions (symbolic when sizes are)
+    rnumel: Any
     nodes: tuple  # ComputedBuffer, in the order the kernel computes them
 
     @property
@@ -61,7 +62,7 @@ class KernelPlan:
                 outputs = ", ".join(o.name for o in step.outputs if o is not None)
                 lines.append(f"{step.name}: {step.op} -> {outputs or 'nothing'}")
                 continue
-            shape = f"reduction x={step.numel} r={step.rnumel}" if step.rnumel > 1 else f"pointwise x={step.numel}"
+            shape = f"reduction x={step.numel} r={step.rnumel}" if step.rnumel != 1 else f"pointwise x={step.numel}"
             members = []
             for node in step.nodes:
                 note = " (in place)" if node.mutates is not None else " (stored)" if node.name in self.stored else ""
@@ -74,8 +75,8 @@ class KernelPlan:
 class _Group:
     """A kernel group while fusion is still adding to it."""
 
-    numel: int
-    rnumel: int
+    numel: Any
+    rnumel: Any
     nodes: list
     position: int
 
@@ -90,11 +91,15 @@ def _reshaped_for(group: _Group, buffer: ComputedBuffer) -> Optional[_Group]:
     if group.rnumel != 1 or not isinstance(buffer.body, ReductionBody):
         return None
     numel, rnumel = kernel_shape(buffer)
-    if rnumel == 1 or numel * rnumel != group.numel:
+    if rnumel == 1 or not same_size(numel * rnumel, group.numel):
         return None
     if any(node_indices(n, numel, rnumel) is None or n.mutates is not None for n in group.nodes):
         return None
     return _Group(numel, rnumel, group.nodes, group.position)
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    return same_size(a[0], b[0]) and same_size(a[1], b[1])
 
 
 @functools.lru_cache(maxsize=65536)
@@ -108,13 +113,14 @@ def _same_element(reads: BufferReads, member: ComputedBuffer, index: sympy.Expr,
 
 def _fits(group: _Group, buffer: ComputedBuffer, reads: BufferReads, produced_at: dict[str, int],
           readers_after: dict[str, list[int]]) -> bool:
-    if isinstance(buffer.body, ReductionBody) and kernel_shape(buffer) != (group.numel, group.rnumel):
+    if isinstance(buffer.body, ReductionBody) and not _same_shape(kernel_shape(buffer), (group.numel, group.rnumel)):
         return False
     if node_indices(buffer, group.numel, group.rnumel) is None:
         return False
     if buffer.mutates is not None and group.rnumel != 1:
         return False
-    if group.numel == 1 and group.rnumel > config.persistent_reduction_limit and not isinstance(buffer.body, ReductionBody):
+    long_rows = static_int(group.rnumel) is None or group.rnumel > config.persistent_reduction_limit
+    if group.numel == 1 and long_rows and not isinstance(buffer.body, ReductionBody):
         return False  # one program would do all the work
     indexed = reads.in_kernel(buffer, group.numel, group.rnumel)
     if indexed is None:
@@ -122,8 +128,8 @@ def _fits(group: _Group, buffer: ComputedBuffer, reads: BufferReads, produced_at
     members = {n.name: n for n in group.nodes}
     for name, index in indexed:
         if name in members:
-            if index.free_symbols - {XINDEX, RINDEX}:
-                return False
+            if {s for s in index.free_symbols if not is_size_symbol(s)} - {XINDEX, RINDEX}:
+                return False  # an indirect read: which element is not known until run time
             if not _same_element(reads, members[name], index, group):
                 return False
         elif produced_at.get(name, -1) > group.position:
@@ -146,7 +152,7 @@ def _sibling_kind(group: _Group, buffer: ComputedBuffer) -> bool:
     if isinstance(buffer.body, ReductionBody) == group.is_reduction:
         return True
     # an elementwise buffer over the same rows reads them while they are in registers
-    return group.is_reduction and kernel_shape(buffer)[0] == group.numel * group.rnumel
+    return group.is_reduction and same_size(kernel_shape(buffer)[0], group.numel * group.rnumel)
 
 
 def _candidates(steps: list, op: ComputedBuffer, reads: BufferReads, produced_at: dict[str, int],
@@ -162,7 +168,7 @@ def _candidates(steps: list, op: ComputedBuffer, reads: BufferReads, produced_at
     # layer norm's backward)
     same_shape = [i for i, s in enumerate(steps) if isinstance(s, _Group) and s.is_reduction
                   and isinstance(op.body, ReductionBody) and i not in producers and i not in siblings
-                  and (s.numel, s.rnumel) == kernel_shape(op)][-1:]
+                  and _same_shape((s.numel, s.rnumel), kernel_shape(op))][-1:]
     return producers + siblings + same_shape
 
 

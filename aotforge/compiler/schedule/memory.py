@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..ir import ComputedBuffer, ExternCall, LoweredGraph
+from ..ir import ComputedBuffer, ExternCall, LoweredGraph, same_size
 from .fusion import KernelGroup, KernelPlan
 from .reads import BufferReads
 
@@ -118,7 +118,8 @@ def _take(pool: list[str], buffers: dict, buffer: ComputedBuffer) -> Optional[st
     wanted = (buffer.dtype, buffer.device, buffer.layout.storage_numel())
     for candidate in pool:
         old = buffers[candidate]
-        if (old.dtype, old.device, old.layout.storage_numel()) == wanted:
+        # symbolic sizes: equal expressions are equal for every call
+        if (old.dtype, old.device) == wanted[:2] and same_size(old.layout.storage_numel(), wanted[2]):
             pool.remove(candidate)
             return candidate
     return None

@@ -22,11 +22,12 @@ from ..ops import ReadRecorder, use_handler
 IndexedReads = tuple[tuple[str, sympy.Expr], ...]
 
 
-def kernel_shape(buffer: ComputedBuffer) -> tuple[int, int]:
-    """(numel, rnumel): the iteration space of a buffer in a kernel of its own."""
+def kernel_shape(buffer: ComputedBuffer) -> tuple[sympy.Expr, sympy.Expr]:
+    """(numel, rnumel): the iteration space of a buffer in a kernel of its own (expressions
+    when sizes are symbolic)."""
     body = buffer.body
-    rnumel = int(product(body.reduction_ranges)) if isinstance(body, ReductionBody) else 1
-    return int(product(body.ranges)), rnumel
+    rnumel = sympy.expand(product(body.reduction_ranges)) if isinstance(body, ReductionBody) else sympy.Integer(1)
+    return sympy.expand(product(body.ranges)), rnumel
 
 
 def extern_reads(call: ExternCall) -> frozenset[str]:
