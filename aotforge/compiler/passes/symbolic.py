@@ -18,11 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-try:
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as _statically_known_true
-except ImportError:  # pragma: no cover - every supported torch has it; without it nothing is known
-    _statically_known_true = None
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _NUMBER = (int, float, bool) + _SYMBOLIC
@@ -36,9 +32,7 @@ def known_true(condition: Any) -> bool:
     """``condition`` (a bool or a SymBool built from SymInts, e.g. ``n <= 4096``) when it holds
     for every value of its symbols; False when that is not known. Records no guard."""
     if isinstance(condition, torch.SymBool):
-        if _statically_known_true is None:
-            return False
-        return _statically_known_true(condition)  # simplifies with the ShapeEnv's ranges only
+        return statically_known_true(condition)  # simplifies with the ShapeEnv's ranges only
     return bool(condition)
 
 
