@@ -5,8 +5,10 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch.utils import _pytree as pytree
 
 from ... import op_table
+from .symbolic import is_symbolic, known_true, statically_equal, sym_expr
 
 aten = torch.ops.aten
 
@@ -52,6 +54,13 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _hashable(obj: Any) -> Any:
+    """A key that equals another only when the values are the same. A SymInt is keyed by its
+    expression (hashing or comparing the SymInt itself would ask the ShapeEnv)."""
+    if is_symbolic(obj):
+        expr = sym_expr(obj)
+        if expr is None:
+            raise TypeError("a symbolic value without an expression")  # cse keeps the node
+        return ("sym", type(obj).__name__, expr)
     if isinstance(obj, (list, tuple)):
         return (type(obj).__name__,) + tuple(_hashable(o) for o in obj)
     if isinstance(obj, dict):
@@ -102,14 +111,16 @@ def view_to_reshape(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _same_meta(a: Any, b: Any) -> bool:
+    """Same dtype, device and shape, the shape compared without guards (symbolic sizes that
+    are equal only for some inputs count as different)."""
     va, vb = getattr(a, "meta", {}).get("val"), getattr(b, "meta", {}).get("val")
     return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
-            and va.shape == vb.shape and va.device == vb.device)
+            and va.device == vb.device and statically_equal(va.shape, vb.shape))
 
 
 def _identity_scalar(position: int, value: Any) -> Callable[[fx.Node], bool]:
     return lambda node: len(node.args) > position and not isinstance(node.args[position], fx.Node) \
-        and node.args[position] == value and not node.kwargs.get("alpha", 1) != 1
+        and statically_equal(node.args[position], value) and statically_equal(node.kwargs.get("alpha", 1), 1)
 
 
 # op -> predicate saying the node returns its first argument unchanged
@@ -148,7 +159,7 @@ def remove_noops(gm: fx.GraphModule) -> fx.GraphModule:
         if node in returned and (source.op == "placeholder" or source in returned):
             continue
         source_val, node_val = source.meta["val"], node.meta["val"]
-        if node_val.stride() != source_val.stride():
+        if not statically_equal(node_val.stride(), source_val.stride()):
             continue  # a later view may depend on the copy's layout
         node.replace_all_uses_with(source)
         gm.graph.erase_node(node)
@@ -171,8 +182,10 @@ def constant_fold(gm: fx.GraphModule, max_numel: int = 4096) -> fx.GraphModule:
             continue
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: constant[n])
         val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.numel() > max_numel:
-            continue
+        if not isinstance(val, torch.Tensor) or not known_true(val.numel() <= max_numel):
+            continue  # a symbolic (e.g. data-dependent) size is not known to be small
+        if any(is_symbolic(a) for a in pytree.tree_leaves((args, kwargs))):
+            continue  # running the op on a SymInt would specialize it
         try:
             constant[node] = node.target(*args, **kwargs)
         except Exception:
