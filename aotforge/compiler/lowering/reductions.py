@@ -155,8 +155,8 @@ def _divide(total: Value, count: Any, out: torch.dtype) -> Value:
     load, source = total.make_loader(), total.dtype
 
     def divisor():
-        if static_int(count) is not None:
-            return ops.constant(int(count), source)
+        if not isinstance(count, sympy.Expr) or count.is_Number:
+            return ops.constant(count if not isinstance(count, sympy.Expr) else int(count), source)
         return ops.to_dtype(ops.index_expr(count, torch.int64), source, torch.int64)
     return Pointwise(total.size, out, total.device, lambda index: _cast(
         ops.truediv(load(index), divisor()), out, source))
@@ -237,7 +237,13 @@ def var(ctx: LoweringContext, x: Value, dims: Any = None, *, correction: Any = N
         return ops.mul(centered, centered)
     deviations = Pointwise(x.size, compute, x.device, squared_deviation)
     total = reduce(ctx, deviations, dims, keepdim, "sum", compute, compute)
-    variance = _divide(total, max(count - correction, 0) if static_int(count) is not None else count - correction, out)
+    if static_int(count) is not None:
+        divisor = max(int(count) - correction, 0)
+    elif float(correction).is_integer():
+        divisor = count - int(correction)
+    else:
+        raise NotLowerable("a fractional correction over a symbolic count")
+    variance = _divide(total, divisor, out)
     if ctx.op is aten.var_mean.correction:
         mean_out = average if keepdim else reduce_view_squeeze(ctx, average, dims)
         from .pointwise import _cast as cast_value
