@@ -44,13 +44,13 @@ def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     changed = True
     while changed:
         changed = False
-        terms = [t.as_coeff_Mul() for t in sympy.Add.make_args(expr)]
+        terms = [_split_term(t) for t in sympy.Add.make_args(expr)]
         for i, (c_low, low) in enumerate(terms):
             if not isinstance(low, ModularIndexing):
                 continue
             base, divisor, modulus = low.args
             for j, (c_high, high) in enumerate(terms):
-                if j == i or c_high != c_low * modulus:
+                if j == i or not same_size(c_high, c_low * modulus):
                     continue
                 if isinstance(high, FloorDiv) and high.args == (base, divisor * modulus):
                     merged = c_low * FloorDiv(base, divisor)
@@ -65,6 +65,17 @@ def simplify_index(expr: sympy.Expr) -> sympy.Expr:
             if changed:
                 break
     return expr
+
+
+def _split_term(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """(coefficient, factor) of a product, the factor being its one integer-division factor
+    when it has one (``32*s0*FloorDiv(x, s0)`` -> ``(32*s0, FloorDiv(x, s0))``), so that
+    symbolic coefficients match as numbers do."""
+    factors = sympy.Mul.make_args(term)
+    divisions = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing))]
+    if len(divisions) != 1:
+        return term.as_coeff_Mul()
+    return sympy.Mul(*[f for f in factors if f is not divisions[0]]), divisions[0]
 
 
 def _simplify_arguments(expr: sympy.Expr) -> sympy.Expr:

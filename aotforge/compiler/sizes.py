@@ -98,7 +98,9 @@ class SizeVars:
         expr = sympy.sympify(expr)
         if expr.is_Integer:
             return int(expr)
-        return int(expr.subs(self.hints))
+        # by name: a symbol re-read from kernel text may carry other assumptions
+        by_name = {symbol.name: value for symbol, value in self.hints.items()}
+        return int(expr.subs({symbol: by_name[symbol.name] for symbol in expr.free_symbols}))
 
     def __str__(self) -> str:
         if not self.sources:

@@ -49,6 +49,25 @@ class CNN(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+class TinyGPT(nn.Module):
+    """Embedding, two blocks with causal attention, layer norm, tied head: nanoGPT in small."""
+
+    def __init__(self, vocab: int = 50, width: int = 32, context: int = 32):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.blocks = nn.ModuleList([TransformerBlock(width) for _ in range(2)])
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight
+
+    def forward(self, idx, targets):
+        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
 def example_input(name: str, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
     shape = {"MLP": (8, 32), "TransformerBlock": (2, 8, 32), "CNN": (2, 3, 8, 8)}[name]
     return torch.randn(shape, dtype=dtype, device=device)

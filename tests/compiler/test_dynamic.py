@@ -12,28 +12,9 @@ from torch import nn
 import aotforge  # noqa: F401  (registers the backends)
 from aotforge.compiler.pipeline import observe
 
-from .models import TransformerBlock
+from .models import TinyGPT, TransformerBlock
 
 OPTIONS = {"triton_on_cpu": True}
-
-
-class TinyGPT(nn.Module):
-    """Embedding, two blocks with causal attention, layer norm, tied head: nanoGPT in small."""
-
-    def __init__(self, vocab: int = 50, width: int = 32, context: int = 32):
-        super().__init__()
-        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(context, width)
-        self.blocks = nn.ModuleList([TransformerBlock(width) for _ in range(2)])
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.tokens.weight
-
-    def forward(self, idx, targets):
-        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.norm(x))
-        return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
 def _frames() -> int:
@@ -137,3 +118,18 @@ def test_linear_view_repro():
         expected.sum().backward()
         torch.testing.assert_close(out, expected)
         torch.testing.assert_close(x.grad, reference.grad)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "amax"])
+def test_long_symbolic_column_reduction_is_split(reduction):
+    """A bias gradient's column sum over a symbolic number of rows is cut into pieces (the
+    last one masked) and still equals eager for row counts the pieces do not divide."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: getattr(x, reduction)(0), backend="aotforge", dynamic=True, options=OPTIONS)
+    for rows in (5000, 7001):
+        x = torch.randn(rows, 16, dtype=torch.double)
+        with observe() as graphs:
+            torch.testing.assert_close(f(x), getattr(x, reduction)(0))
+        if graphs:
+            plan = str(graphs[0].kernel_plan)
+            assert plan.count("reduction") == 2, plan  # the partials, then their combination

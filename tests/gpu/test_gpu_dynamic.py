@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get(
 import aotforge  # noqa: E402,F401
 from aotforge.compiler.pipeline import observe  # noqa: E402
 
-from ..compiler.test_dynamic import TinyGPT  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compiler"))
+from models import TinyGPT  # noqa: E402
 
 
 def _step(model, idx, targets):

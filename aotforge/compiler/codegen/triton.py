@@ -73,7 +73,9 @@ class KernelSource:
 
     @property
     def dynamic(self) -> bool:
-        return not (sympy.sympify(self.numel).is_Integer and sympy.sympify(self.rnumel).is_Integer)
+        """Whether the wrapper passes sizes at each launch (a size or an index uses a symbol)."""
+        return bool(self.size_symbols) or not (sympy.sympify(self.numel).is_Integer
+                                               and sympy.sympify(self.rnumel).is_Integer)
 
 
 def held_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -103,7 +105,7 @@ def texpr(expr: sympy.Expr) -> str:
 
 
 def _atom(expr: sympy.Expr) -> str:
-    return f"({texpr(expr)})" if isinstance(expr, (sympy.Add, sympy.Mul)) else texpr(expr)
+    return f"({texpr(expr)})" if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow)) else texpr(expr)
 
 
 def _literal(value: Any) -> str:

@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from ...config import config
-from ..ir import Pointwise, StorageView, Value, contiguous_strides, product, static_int
+from ..ir import FloorDiv, Pointwise, StorageView, Value, contiguous_strides, product, static_int
 from ..ops import ops
 from .registry import LoweringContext, NotLowerable, compute_dtype, normalize_dim, register
 
@@ -39,9 +39,9 @@ def reduce(ctx: LoweringContext, x: Value, dims: Optional[Sequence[int]], keepdi
         value = load(full)
         return ops.to_dtype(value, source_dtype, source) if source != source_dtype else value
 
-    numel, rnumel = static_int(product(ranges)), static_int(product(reduction_ranges))
-    # symbolic sizes: no split (a piece count must divide the reduced length for every size)
-    splits = _split_count(numel, rnumel, reduction_type) if numel is not None and rnumel is not None else 1
+    # symbolic sizes: as many pieces as the hints ask for; the last piece may be short
+    splits = _split_count(ctx.hint(product(ranges)), ctx.hint(product(reduction_ranges)), reduction_type,
+                          exact=static_int(product(reduction_ranges)) is not None)
     if splits > 1:
         out = _split_reduction(ctx.graph, ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype,
                                x.device, splits)
@@ -62,17 +62,22 @@ def reduce(ctx: LoweringContext, x: Value, dims: Optional[Sequence[int]], keepdi
 SPLIT_COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min"}
 
 
-def _split_count(numel: int, rnumel: int, reduction_type: str) -> int:
+def _split_count(numel: int, rnumel: int, reduction_type: str, exact: bool = True) -> int:
     """How many pieces to cut each reduction into. A few long reductions (the column sums of
     a layer norm's backward: 4096 outputs over 16384 rows each) leave most of a GPU idle; cut
-    into pieces they become many short reductions plus a small second pass."""
+    into pieces they become many short reductions plus a small second pass. ``exact``: the
+    pieces must divide the reduced length (static sizes; symbolic ones mask the last piece)."""
     if reduction_type not in SPLIT_COMBINE or rnumel < config.split_reduction_threshold or numel >= 16384:
         return 1
     target = min(128, rnumel // 256, max(1, 65536 // max(numel, 1)))
     splits = 1
-    while splits * 2 <= target and rnumel % (splits * 2) == 0:
+    while splits * 2 <= target and (not exact or rnumel % (splits * 2) == 0):
         splits *= 2
     return splits
+
+
+# what a masked-off element of a piece contributes
+SPLIT_IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
 
 
 def _split_reduction(graph: Any, ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype, device,
@@ -81,14 +86,21 @@ def _split_reduction(graph: Any, ranges, reduction_ranges, reduction_type, value
 
         partial[s, i] = reduce(value_at(i, r) for r in [s*R/splits, (s+1)*R/splits))
         out[i] = reduce(partial[s, i] for s)
-    """
-    rnumel = int(product(reduction_ranges))
-    piece = rnumel // splits
+
+    A symbolic R is cut into pieces of ceil(R/splits); elements past R are masked off."""
+    rnumel = sympy.expand(product(reduction_ranges))
+    exact = rnumel.is_Integer and int(rnumel) % splits == 0
+    piece = FloorDiv(rnumel + splits - 1, splits)
 
     def partial_value(index, rindex):
         flat = index[0] * piece + rindex[0]
-        return value_at(index[1:], _unflatten(flat, reduction_ranges))
-    partial = graph.add_reduction([sympy.Integer(splits)] + list(ranges), [sympy.Integer(piece)], reduction_type,
+        if exact:
+            return value_at(index[1:], _unflatten(flat, reduction_ranges))
+        inside = ops.lt(ops.index_expr(flat, torch.int64), ops.index_expr(rnumel, torch.int64))
+        value = ops.masked(inside, lambda: value_at(index[1:], _unflatten(flat, reduction_ranges)),
+                           SPLIT_IDENTITY[reduction_type])
+        return value
+    partial = graph.add_reduction([sympy.Integer(splits)] + list(ranges), [piece], reduction_type,
                                   partial_value, source_dtype, source_dtype, device)
     load = partial.make_loader()
     return graph.add_reduction(list(ranges), [sympy.Integer(splits)], SPLIT_COMBINE[reduction_type],
