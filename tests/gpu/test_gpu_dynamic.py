@@ -50,6 +50,6 @@ def test_tiny_gpt_every_size_one_graph_per_direction(dtype):
             graphs += seen
     assert sorted(g.kind for g in graphs) == ["backward", "forward"]
     assert all(g.path == "triton" and g.lowered.sizes.dynamic and not g.stats["lowering_errors"] for g in graphs)
-    # after the first call every kernel launches directly, whatever the size
+    # after the first call every kernel launches directly (past Triton's dispatch), whatever the size
     launchers = [k for g in graphs for k in g.launchers.values()]
-    assert launchers and all(k.direct is not None and any(k.direct.launches.values()) for k in launchers)
+    assert launchers and all(k.direct is not None and all(k.direct.launches.values()) for k in launchers)

@@ -36,8 +36,14 @@ def usable(compiled: Any) -> bool:
         hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     except (ImportError, AttributeError):
         return False
-    return (all(h is None for h in hooks) and compiled is not None and callable(getattr(compiled, "run", None))
+    return (all(_no_hook(h) for h in hooks) and compiled is not None and callable(getattr(compiled, "run", None))
             and hasattr(compiled, "function") and hasattr(compiled, "packed_metadata"))
+
+
+def _no_hook(hook: Any) -> bool:
+    """No launch hook installed: None, or (Triton 3.6 and later) an empty ``HookChain``, which
+    is always there."""
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
 
 
 def make_launch(compiled: Any, grid: Callable[[Sequence[Any]], int], tail: tuple) -> Callable[[Sequence[Any]], None]:
