@@ -133,3 +133,41 @@ def test_long_symbolic_column_reduction_is_split(reduction):
         if graphs:
             plan = str(graphs[0].kernel_plan)
             assert plan.count("reduction") == 2, plan  # the partials, then their combination
+
+
+def test_sizes_past_32_bit_indexing_run_the_aten_graph(monkeypatch):
+    """Kernels index in 32 bits when the example sizes allow it; the wrapper checks each
+    call's sizes and runs the graph's ATen calls when they would overflow (the limit is
+    lowered here so that a small tensor crosses it)."""
+    from aotforge.compiler.codegen import wrapper
+
+    monkeypatch.setattr(wrapper, "INT32_MAX", 2000)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: torch.sigmoid(x) * 3, backend="aotforge", dynamic=True, options=OPTIONS)
+    small = torch.randn(40, 16, dtype=torch.double)
+    with observe() as graphs:
+        torch.testing.assert_close(f(small), torch.sigmoid(small) * 3)
+    (graph,) = graphs
+    assert "run_aten_graph" in graph.wrapper_source
+    kernel = next(iter(graph.launchers.values()))
+    assert kernel.best is not None  # the small call ran the kernel
+    kernel.best = None  # forget it: a kernel launch would choose a configuration again
+    large = torch.randn(200, 16, dtype=torch.double)
+    torch.testing.assert_close(f(large), torch.sigmoid(large) * 3)
+    assert kernel.best is None, "the large call must not launch the 32-bit kernel"
+
+
+def test_data_dependent_sizes_run_as_aten_calls():
+    """A size that depends on data (nonzero's) cannot be read from the inputs: that graph runs
+    as ATen calls, still equal to eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from aotforge.compiler import compile_fx_inner
+    from aotforge.config import config
+
+    x = torch.randn(30, 4, dtype=torch.double)
+    gm = make_fx(lambda x: (torch.nonzero(x > 0) * 2,), tracing_mode="symbolic")(x)
+    with config.patch(triton_on_cpu=True):
+        compiled = compile_fx_inner(gm, [x])
+    assert compiled.compiled_graph.path == "aten"
+    torch.testing.assert_close(compiled([x])[0], torch.nonzero(x > 0) * 2)
