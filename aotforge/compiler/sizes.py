@@ -23,7 +23,7 @@ nothing here does: sizes are read through ``node.expr``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import sympy
 import torch

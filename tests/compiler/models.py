@@ -68,6 +68,15 @@ class TinyGPT(nn.Module):
         return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def train_step(model, *inputs):
+    """One step of a model that returns its loss: (loss, gradients), gradients cleared."""
+    loss = model(*inputs)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
 def example_input(name: str, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
     shape = {"MLP": (8, 32), "TransformerBlock": (2, 8, 32), "CNN": (2, 3, 8, 8)}[name]
     return torch.randn(shape, dtype=dtype, device=device)

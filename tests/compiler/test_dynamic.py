@@ -12,7 +12,7 @@ from torch import nn
 import aotforge  # noqa: F401  (registers the backends)
 from aotforge.compiler.pipeline import observe
 
-from .models import TinyGPT, TransformerBlock
+from .models import TinyGPT, TransformerBlock, train_step
 
 OPTIONS = {"triton_on_cpu": True}
 
@@ -21,14 +21,6 @@ def _frames() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
-
-
-def _step(model, idx, targets):
-    loss = model(idx, targets)
-    loss.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
 
 
 def test_transformer_three_lengths_two_batches_one_graph_per_direction():
@@ -44,8 +36,8 @@ def test_transformer_three_lengths_two_batches_one_graph_per_direction():
             idx = torch.randint(0, 50, (batch, length))
             targets = torch.randint(0, 50, (batch, length))
             with observe() as graphs:
-                loss, grads = _step(compiled, idx, targets)
-            expected_loss, expected_grads = _step(eager, idx, targets)
+                loss, grads = train_step(compiled, idx, targets)
+            expected_loss, expected_grads = train_step(eager, idx, targets)
             torch.testing.assert_close(loss, expected_loss)
             for got, want in zip(grads, expected_grads):
                 torch.testing.assert_close(got, want)
@@ -171,3 +163,29 @@ def test_data_dependent_sizes_run_as_aten_calls():
         compiled = compile_fx_inner(gm, [x])
     assert compiled.compiled_graph.path == "aten"
     torch.testing.assert_close(compiled([x])[0], torch.nonzero(x > 0) * 2)
+
+
+def test_arange_with_symbolic_bounds():
+    """``arange`` whose start depends on a symbolic size (T5's relative positions, cache
+    positions) counts from that start, for every size."""
+    def f(x):
+        n = x.shape[0]
+        return (torch.arange(n) + torch.arange(3, n + 3) * 2 + torch.arange(n - 1, -1, -1)).double() + x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aotforge", dynamic=True, options=OPTIONS)
+    for n in (5, 9):
+        x = torch.randn(n, dtype=torch.double)
+        torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_slice_from_the_end_by_a_symbolic_length():
+    """``bias[:, -n:]`` with a symbolic n (T5's position bias): the start counts from the end."""
+    def f(bias, x):
+        return bias[:, -x.shape[1]:] + x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aotforge", dynamic=True, options=OPTIONS)
+    for n in (5, 9):
+        bias, x = torch.randn(3, 12, dtype=torch.double), torch.randn(3, n, dtype=torch.double)
+        torch.testing.assert_close(compiled(bias, x), f(bias, x))

@@ -17,15 +17,7 @@ import aotforge  # noqa: E402,F401
 from aotforge.compiler.pipeline import observe  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compiler"))
-from models import TinyGPT  # noqa: E402
-
-
-def _step(model, idx, targets):
-    loss = model(idx, targets)
-    loss.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
+from models import TinyGPT, train_step  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -41,8 +33,8 @@ def test_tiny_gpt_every_size_one_graph_per_direction(dtype):
             idx = torch.randint(0, 96, (batch, length), device="cuda")
             targets = torch.randint(0, 96, (batch, length), device="cuda")
             with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32), observe() as seen:
-                loss, grads = _step(compiled, idx, targets)
-                expected, expected_grads = _step(eager, idx, targets)
+                loss, grads = train_step(compiled, idx, targets)
+                expected, expected_grads = train_step(eager, idx, targets)
             tolerance = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(loss, expected, **tolerance)
             for got, want in zip(grads, expected_grads):

@@ -44,22 +44,34 @@ def scalar_tensor(ctx: LoweringContext, value: Any, **kwargs: Any) -> Value:
 
 @register(aten.arange.start_step, aten.arange.default, aten.arange.start, prims.iota.default)
 def arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Value:
+    """``start + step * i``; the length comes from the node's value. ``start`` and ``step`` are
+    read by the overload's schema (either may be a symbolic size: ``arange(n - 1, -1, -1)``)."""
     dtype = ctx.result_dtype()
     length = sympify_size(ctx.value.shape)[0]
     if ctx.op is prims.iota.default:
         start, step = kwargs["start"], kwargs["step"]
+    elif ctx.op is aten.arange.default:
+        start, step = 0, 1
     else:
-        numbers = [a for a in args if isinstance(a, (int, float))]
-        start, step = (0, 1) if len(numbers) == 1 else (numbers[0], numbers[2] if len(numbers) > 2 else 1)
+        start = args[0] if args else kwargs.get("start", 0)
+        step = (args[2] if len(args) > 2 else kwargs.get("step", 1)) if ctx.op is aten.arange.start_step else 1
+    if isinstance(step, sympy.Expr) and not step.is_Number:
+        raise NotLowerable("arange with a symbolic step")
     compute = compute_dtype(dtype)
+    integral = not compute.is_floating_point and not isinstance(start, float) and not isinstance(step, float)
+
+    def number(value, as_dtype):
+        if isinstance(value, sympy.Expr) and not value.is_Number:
+            return _to(ops.index_expr(value, torch.int64), as_dtype, torch.int64)
+        return ops.constant(int(value) if integral else float(value), as_dtype)
 
     def fn(index):
         position = ops.index_expr(index[0], torch.int64)
-        if isinstance(start, int) and isinstance(step, int) and not compute.is_floating_point:
-            value = ops.add(ops.mul(position, ops.constant(step, torch.int64)), ops.constant(start, torch.int64))
+        if integral:
+            value = ops.add(ops.mul(position, number(step, torch.int64)), number(start, torch.int64))
             return _to(value, dtype, torch.int64)
-        value = ops.add(ops.mul(ops.to_dtype(position, compute, torch.int64), ops.constant(step, compute)),
-                        ops.constant(start, compute))
+        value = ops.add(ops.mul(ops.to_dtype(position, compute, torch.int64), number(step, compute)),
+                        number(start, compute))
         return _to(value, dtype, compute)
     return Pointwise([length], dtype, _meta_device(ctx), fn)
 

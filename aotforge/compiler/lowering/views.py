@@ -222,10 +222,10 @@ def slice_(ctx: LoweringContext, x: Value, dim: int = 0, start: Any = None, end:
                 raise NotLowerable("a symbolic slice whose length is unknown")
             count = sympify_size(ctx.value.shape)[dim]
         start = sympy.Integer(0) if start is None else sympy.sympify(start)
-        if start.is_Integer and int(start) < 0:
-            start = start + x.size[dim]
-        if start.is_Integer and int(start) < 0:
-            raise NotLowerable("a slice starting before the tensor")
+        if start.is_negative:  # from the end (``x[-n:]``); sympy knows sizes are positive
+            start = sympy.expand(start + x.size[dim])
+        if not start.is_nonnegative:
+            raise NotLowerable(f"a slice start {start} whose sign depends on the sizes")
     start = static_int(start) if static_int(start) is not None else start
     size = list(x.size)
     size[dim] = count
