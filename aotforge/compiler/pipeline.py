@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -36,6 +37,8 @@ from .runtime import compile_pool, compiled as runtime
 from .runtime.compiled import CompiledGraph
 from .schedule import analyze_reads, fuse, plan_memory
 from .sizes import SizeVars, UnsupportedSize, size_vars
+
+log = logging.getLogger("aotforge")
 
 # every open observe() block's list; process-wide, because the backward graph compiles at the
 # first backward call, in autograd's device thread
@@ -98,6 +101,20 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     if not (_wants_triton(gm) and sizes is not None and _is_functional(gm)):
         # FX's generated code: one ATen call per node, frees at last use
         return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, clock.timings))
+    try:
+        return _boxed(_compile_to_kernels(kind, gm, sizes, clock))
+    except Exception as error:  # noqa: BLE001
+        if not sizes.dynamic:
+            raise
+        # symbolic sizes reach corners static ones never do: such a failure costs the graph its
+        # kernels, never the user's compile
+        log.warning("aotforge: a %s graph with symbolic sizes runs as ATen calls: compiling it failed "
+                    "(%s: %s)", kind, type(error).__name__, error)
+        return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, clock.timings))
+
+
+def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
+    """The stages from the post-grad graph to the loaded program."""
     with clock("lower"):
         lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
@@ -114,7 +131,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                             run_aten_graph=_run_fx(gm))
     debug.artifact("output_code", f"{kind}_kernels", compiled.kernel_source)
     debug.artifact("output_code", f"{kind}_wrapper", compiled.wrapper_source)
-    return _boxed(compiled)
+    return compiled
 
 
 def _boxed(compiled: CompiledGraph) -> Callable:

@@ -189,3 +189,21 @@ def test_slice_from_the_end_by_a_symbolic_length():
     for n in (5, 9):
         bias, x = torch.randn(3, 12, dtype=torch.double), torch.randn(3, n, dtype=torch.double)
         torch.testing.assert_close(compiled(bias, x), f(bias, x))
+
+
+def test_a_compile_failure_with_symbolic_sizes_falls_back_to_aten(monkeypatch, caplog):
+    """A bug met only with symbolic sizes costs the graph its kernels, not the user's compile
+    (a warning says so); the result still equals eager."""
+    from aotforge.compiler import pipeline
+
+    def broken(*args, **kwargs):
+        raise NotImplementedError("simulated codegen bug")
+
+    monkeypatch.setattr(pipeline, "emit_wrapper", broken)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: torch.tanh(x) + 1, backend="aotforge", dynamic=True, options=OPTIONS)
+    x = torch.randn(7, 3, dtype=torch.double)
+    with observe() as graphs, caplog.at_level("WARNING", logger="aotforge"):
+        torch.testing.assert_close(f(x), torch.tanh(x) + 1)
+    assert [g.path for g in graphs] == ["aten"]
+    assert "simulated codegen bug" in caplog.text
