@@ -46,9 +46,9 @@ def view(ctx: LoweringContext, x: Value, size: Sequence[Any]) -> Value:
     if -1 in size:
         known = product([s for s in size if s != -1])
         size[size.index(-1)] = _exact_quotient(product(x.size), known) if known != 0 else sympy.Integer(0)
-    static = all(s.is_Integer for s in list(size) + list(x.size))
+    all_static = all(s.is_Integer for s in list(size) + list(x.size))
     if isinstance(x, StorageView):
-        if static and all(s.is_Integer for s in x.stride):
+        if all_static and all(s.is_Integer for s in x.stride):
             try:
                 return _meta_view(x, "view", [int(s) for s in size])
             except RuntimeError:
