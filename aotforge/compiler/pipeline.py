@@ -90,7 +90,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     first graph compiled after them."""
     kind = "backward" if is_backward else "inference" if is_inference else "forward"
     if not _has_calls(gm):
-        return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, {}))
+        return _boxed(_aten_graph(kind, gm, {}))
     clock = _Stopwatch(_take_aot_timings(kind, aot_timings))
     compile_pool.start_if_useful()  # workers boot while this graph is lowered
     with clock("post_grad_passes"):
@@ -100,7 +100,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     sizes = _size_vars(gm)                                 # SizeVars: symbols, where each is read
     if not (_wants_triton(gm) and sizes is not None and _is_functional(gm)):
         # FX's generated code: one ATen call per node, frees at last use
-        return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, clock.timings))
+        return _boxed(_aten_graph(kind, gm, clock.timings))
     try:
         return _boxed(_compile_to_kernels(kind, gm, sizes, clock))
     except Exception as error:  # noqa: BLE001
@@ -110,7 +110,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         # kernels, never the user's compile
         log.warning("aotforge: a %s graph with symbolic sizes runs as ATen calls: compiling it failed "
                     "(%s: %s)", kind, type(error).__name__, error)
-        return _boxed(CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, clock.timings))
+        return _boxed(_aten_graph(kind, gm, clock.timings))
 
 
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
@@ -166,6 +166,11 @@ def _boxed(compiled: CompiledGraph) -> Callable:
     call.compiled_graph = compiled  # type: ignore[attr-defined]
     _announce(compiled)
     return call
+
+
+def _aten_graph(kind: str, gm: fx.GraphModule, timings: dict) -> CompiledGraph:
+    """A graph run as its own ATen calls (no lowering records)."""
+    return CompiledGraph(kind, _run_fx(gm), None, None, None, (), None, {}, timings)
 
 
 def _run_fx(gm: fx.GraphModule) -> Callable[[list], Any]:

@@ -23,6 +23,7 @@ nothing here does: sizes are read through ``node.expr``.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import sympy
@@ -36,11 +37,13 @@ class UnsupportedSize(Exception):
     """A symbolic size the compiler cannot express (the graph then runs as ATen calls)."""
 
 
+# the names Dynamo gives size symbols (``s0``, ``s77``), as opposed to the compiler's own index
+# variables (``i0``, ``xindex``, ``tmp3``)
+SIZE_SYMBOL_NAME = re.compile(r"s\d+")
+
+
 def is_size_symbol(symbol: sympy.Symbol) -> bool:
-    """Symbols Dynamo gives sizes (``s0``, ``s77``), as opposed to the compiler's own index
-    variables (``i0``, ``xindex``, ``tmp3``)."""
-    name = symbol.name
-    return len(name) > 1 and name[0] == "s" and name[1:].isdigit()
+    return SIZE_SYMBOL_NAME.fullmatch(symbol.name) is not None
 
 
 def size_symbols(expr: Any) -> set:
@@ -85,7 +88,7 @@ class SizeVars:
     ``("offset", input)``) and each one's value in the example inputs (``hints``)."""
 
     sources: dict
-    hints: dict
+    hints: dict  # symbol name -> example value (by name: a kernel's symbols are re-read from its text)
 
     @property
     def dynamic(self) -> bool:
@@ -98,14 +101,12 @@ class SizeVars:
         expr = sympy.sympify(expr)
         if expr.is_Integer:
             return int(expr)
-        # by name: a symbol re-read from kernel text may carry other assumptions
-        by_name = {symbol.name: value for symbol, value in self.hints.items()}
-        return int(expr.subs({symbol: by_name[symbol.name] for symbol in expr.free_symbols}))
+        return int(expr.subs({symbol: self.hints[symbol.name] for symbol in expr.free_symbols}))
 
     def __str__(self) -> str:
         if not self.sources:
             return "static sizes\n"
-        return "".join(f"{symbol} = {_describe_source(source)} (hint {self.hints[symbol]})\n"
+        return "".join(f"{symbol} = {_describe_source(source)} (hint {self.hints[symbol.name]})\n"
                        for symbol, source in self.sources.items())
 
 
@@ -130,7 +131,7 @@ def size_vars(gm: fx.GraphModule) -> SizeVars:
             expr = value.node.expr
             if isinstance(expr, sympy.Symbol) and is_size_symbol(expr) and expr not in sources:
                 sources[expr] = source
-                hints[expr] = _hint(value)
+                hints[expr.name] = _hint(value)
 
     for position, node in enumerate(placeholders):
         val = node.meta.get("val")

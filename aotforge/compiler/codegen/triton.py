@@ -32,7 +32,7 @@ from ..ir import FloorDiv, ModularIndexing, ReductionBody
 from ..ops import use_handler
 from ..schedule import BufferReads, KernelGroup, KernelPlan
 from ..ir import LoweredGraph
-from ..sizes import is_size_symbol
+from ..sizes import SIZE_SYMBOL_NAME, is_size_symbol
 from .triton_ops import ARITHMETIC, HELPERS, PREDICATES, TRITON_DTYPE, spell
 
 INT32_MAX = 2**31 - 1
@@ -474,7 +474,7 @@ def emit_kernels(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) ->
     return tuple(TritonKernel(group, plan.stored, numels, hint).generate(dtypes, reads) for group in plan.kernels())
 
 
-_SIZE_SYMBOL = re.compile(r"\bs(\d+)\b")
+_SIZE_SYMBOL = re.compile(rf"\b{SIZE_SYMBOL_NAME.pattern}\b")
 
 
 def _size_parameters(text: str) -> tuple[str, tuple]:

@@ -60,27 +60,22 @@ def arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Value:
     compute = compute_dtype(dtype)
     integral = not compute.is_floating_point and not isinstance(start, float) and not isinstance(step, float)
 
-    def number(value, as_dtype):
-        if isinstance(value, sympy.Expr) and not value.is_Number:
-            return _to(ops.index_expr(value, torch.int64), as_dtype, torch.int64)
-        return ops.constant(int(value) if integral else float(value), as_dtype)
-
     def fn(index):
         position = ops.index_expr(index[0], torch.int64)
         if integral:
-            value = ops.add(ops.mul(position, number(step, torch.int64)), number(start, torch.int64))
+            value = ops.add(ops.mul(position, value_of(step, torch.int64)), value_of(start, torch.int64))
             return _to(value, dtype, torch.int64)
-        value = ops.add(ops.mul(ops.to_dtype(position, compute, torch.int64), number(step, compute)),
-                        number(start, compute))
+        value = ops.add(ops.mul(ops.to_dtype(position, compute, torch.int64), value_of(step, compute)),
+                        value_of(start, compute))
         return _to(value, dtype, compute)
     return Pointwise([length], dtype, _meta_device(ctx), fn)
 
 
-def size_value(size: Any) -> Any:
-    """A size as an int64 value in a kernel (a symbolic one is a kernel argument)."""
-    if static_int(size) is not None:
-        return ops.constant(int(size), torch.int64)
-    return ops.index_expr(size, torch.int64)
+def value_of(number: Any, dtype: torch.dtype) -> Any:
+    """A number in a kernel: a constant, or (a symbolic size) the kernel's size argument."""
+    if isinstance(number, sympy.Expr) and not number.is_Number:
+        return _to(ops.index_expr(number, torch.int64), dtype, torch.int64)
+    return ops.constant(int(number) if isinstance(number, sympy.Expr) else number, dtype)
 
 
 def _at_least(size: Any, bound: Any) -> bool:
@@ -119,9 +114,9 @@ def cat(ctx: LoweringContext, tensors: Sequence[Value], dim: int = 0) -> Value:
             where_ = ops.index_expr(position, torch.int64)
             inside = None
             if start != 0:
-                inside = ops.ge(where_, size_value(start))
+                inside = ops.ge(where_, value_of(start, torch.int64))
             if not same_size(end, total):
-                below = ops.lt(where_, size_value(end))
+                below = ops.lt(where_, value_of(end, torch.int64))
                 inside = below if inside is None else ops.logical_and(inside, below)
             if inside is None:
                 return load(shifted)
@@ -151,7 +146,7 @@ def constant_pad_nd(ctx: LoweringContext, x: Value, pad: Sequence[int], value: A
                 continue
             position = ops.index_expr(i, torch.int64)
             inside = ops.logical_and(ops.ge(position, ops.constant(0, torch.int64)),
-                                     ops.lt(position, size_value(x.size[d])))
+                                     ops.lt(position, value_of(x.size[d], torch.int64)))
             mask = inside if mask is None else ops.logical_and(mask, inside)
         if mask is None:
             return load(source)

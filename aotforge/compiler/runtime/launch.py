@@ -239,11 +239,11 @@ class Kernel:
             return self.fn[grid](*args, **chosen)
         return self.fn[grid](*args, *self.sizes, **chosen)
 
-    def _numel(self, args: Sequence[Any]) -> int:
-        return (args[-1] if self.kind == "pointwise" else args[-2] * args[-1]) if self.dynamic else self.numel
+    def _dynamic_numel(self, args: Sequence[Any]) -> int:
+        return args[-1] if self.kind == "pointwise" else args[-2] * args[-1]
 
     def run(self, *args: Any) -> None:
-        if self._numel(args) == 0:
+        if (self._dynamic_numel(args) if self.dynamic else self.numel) == 0:
             return  # an empty tensor: nothing to compute (and a grid of 0 programs is an error)
         if self.best is None:
             self._first_run(args)
