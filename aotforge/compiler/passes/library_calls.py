@@ -1,0 +1,189 @@
+"""Passes that shape what the compiler hands to the libraries (cuBLAS, ATen's scatter kernels),
+run on graphs that get generated kernels, after ``post_grad_passes``.
+
+``pad_matmuls``: cuBLAS runs its fast kernels only when every matrix's leading dimension is a
+multiple of 16 bytes. A vocabulary of 50257 makes the logits matmul, and both of its backward
+matmuls, fall back to ``align1`` kernels (measured on an H200: 7.9 ms for GPT-2's three against
+about 1.3 ms padded). So an unaligned M, K or N of a large 16-bit or float32 matmul is padded
+with zeros (zeros in K add nothing to the products) and the result sliced back::
+
+    mm(a[8192, 768], b[768, 50257])
+      -> slice(mm(constant_pad_nd(a), constant_pad_nd(b, [0, 7])), 1, 0, 50257)
+
+The pads are pointwise in the loop IR, so a pad of a computed operand fuses into its producer.
+
+``scatter_accumulate``: ``index_put_(accumulate=True)`` (what embedding's backward decomposes
+into) runs ATen's sort-based kernel on CUDA (5.4 ms per BERT step); ``scatter_add`` over the
+same rows accumulates with atomic adds. Under ``torch.use_deterministic_algorithms(True)`` the
+deterministic sort-based call is kept (Dynamo guards on that setting, so a change recompiles).
+
+Before::
+
+    index_put(zeros[V, D], [idx[B, T]], grad[B, T, D], True)
+
+After::
+
+    scatter_add(zeros, 0, expand(reshape(idx, [B*T, 1]), [B*T, D]), reshape(grad, [B*T, D]))
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+
+from .graph_passes import run_passes
+
+aten = torch.ops.aten
+
+# Devices whose matmuls are padded: cuBLAS's alignment rule. Tests add "cpu" to see the rewrite
+# through the Triton interpreter.
+PAD_DEVICES: tuple[str, ...] = ("cuda",)
+# Elements per 16 bytes, the alignment cuBLAS's fast kernels need, by dtype.
+ALIGNMENT = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
+# Smaller matmuls are left alone: the pad's copy would cost more than the aligned kernel saves.
+MIN_PADDED_WORK = 2 ** 27  # M * N * K
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else node
+
+
+def _emit(graph: fx.Graph, before: fx.Node, target: Any, args: tuple) -> fx.Node:
+    """A new node before ``before`` whose fake value is ``target`` run on its inputs' values."""
+    with graph.inserting_before(before):
+        node = graph.call_function(target, args)
+    values = tuple(_val(a) if not isinstance(a, (list, tuple)) else type(a)(_val(x) for x in a) for a in args)
+    fake_mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
+    with fake_mode:
+        node.meta["val"] = target(*values)
+    node.meta["stack_trace"] = before.meta.get("stack_trace")
+    return node
+
+
+def _padding(size: Any, alignment: int) -> int:
+    return 0 if not isinstance(size, int) else -size % alignment
+
+
+def _pad(graph: fx.Graph, before: fx.Node, tensor: fx.Node, amounts: Sequence[int]) -> fx.Node:
+    """``tensor`` with ``amounts[d]`` zeros appended along dimension d."""
+    if not any(amounts):
+        return tensor
+    pad_arg: list[int] = []
+    for amount in reversed(amounts):  # constant_pad_nd lists the last dimension first
+        pad_arg += [0, amount]
+    return _emit(graph, before, aten.constant_pad_nd.default, (tensor, pad_arg, 0.0))
+
+
+def _matmul_padding(node: fx.Node) -> Optional[tuple[int, int, int]]:
+    """Zeros to add to (M, K, N) of an mm/bmm/addmm node, or None when it stays as it is."""
+    a, b = (node.args[1], node.args[2]) if node.target is aten.addmm.default else node.args[:2]
+    a_val, b_val, out = _val(a), _val(b), node.meta.get("val")
+    if not all(isinstance(v, torch.Tensor) for v in (a_val, b_val, out)):
+        return None
+    if out.device.type not in PAD_DEVICES or out.dtype not in ALIGNMENT or a_val.dtype != b_val.dtype:
+        return None
+    m, k, n = a_val.shape[-2], a_val.shape[-1], b_val.shape[-1]
+    if not all(isinstance(size, int) for size in (m, k, n)) or m * n * k < MIN_PADDED_WORK:
+        return None
+    alignment = ALIGNMENT[out.dtype]
+    amounts = (_padding(m, alignment), _padding(k, alignment), _padding(n, alignment))
+    return amounts if any(amounts) else None
+
+
+def _pad_matmul(graph: fx.Graph, node: fx.Node, returned: set) -> None:
+    padding = _matmul_padding(node)
+    if padding is None:
+        return
+    pad_m, pad_k, pad_n = padding
+    is_addmm = node.target is aten.addmm.default
+    a, b = (node.args[1], node.args[2]) if is_addmm else node.args[:2]
+    batch = [0] * (_val(a).dim() - 2)
+    a = _pad(graph, node, a, batch + [pad_m, pad_k])
+    b = _pad(graph, node, b, batch + [pad_k, pad_n])
+    if is_addmm:
+        bias = node.args[0]
+        bias_shape = list(_val(bias).shape)
+        # a broadcast dimension (size 1, or missing) of the bias needs no padding
+        wanted = [pad_m, pad_n][2 - len(bias_shape):]
+        bias = _pad(graph, node, bias, [p if size != 1 else 0 for p, size in zip(wanted, bias_shape)])
+        padded = _emit(graph, node, aten.addmm.default, (bias, a, b, *node.args[3:]))
+        padded.kwargs = dict(node.kwargs)
+    else:
+        padded = _emit(graph, node, node.target, (a, b))
+    result = padded
+    out = node.meta["val"]
+    for dim, amount in ((out.dim() - 2, pad_m), (out.dim() - 1, pad_n)):
+        if amount:
+            result = _emit(graph, node, aten.slice.Tensor, (result, dim, 0, out.shape[dim]))
+    if result is not padded and node in returned:
+        # the caller sees eager's contiguous strides, not a view of the padded buffer
+        result = _emit(graph, node, aten.clone.default, (result,))
+    node.replace_all_uses_with(result)
+    graph.erase_node(node)
+
+
+def pad_matmuls(gm: fx.GraphModule) -> fx.GraphModule:
+    """Pad unaligned matmul dimensions (see the module's docstring)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    returned = set(output.all_input_nodes)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in (aten.mm.default, aten.bmm.default, aten.addmm.default):
+            _pad_matmul(gm.graph, node, returned)
+    return gm
+
+
+def _scatter_operands(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node, fx.Node]]:
+    """(self, index, values) of an accumulating ``index_put`` on dimension 0 by one int64 index
+    tensor, the form a scatter-add can take; None otherwise."""
+    if node.target is not aten.index_put.default or len(node.args) < 4 or node.args[3] is not True:
+        return None
+    target, indices, values = node.args[:3]
+    if len(indices) != 1 or not isinstance(indices[0], fx.Node):
+        return None
+    self_val, index_val, values_val = _val(target), _val(indices[0]), _val(values)
+    if not all(isinstance(v, torch.Tensor) for v in (self_val, index_val, values_val)):
+        return None
+    if index_val.dtype != torch.int64 or self_val.dim() == 0 or index_val.dim() == 0:
+        return None
+    if self_val.is_complex() or self_val.dtype == torch.bool:
+        return None
+    shapes = (self_val.shape, index_val.shape, values_val.shape)
+    if not all(isinstance(size, int) for shape in shapes for size in shape):
+        return None
+    return target, indices[0], values
+
+
+def scatter_accumulate(gm: fx.GraphModule) -> fx.GraphModule:
+    """Accumulating ``index_put`` on rows -> ``scatter_add`` (see the module's docstring)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return gm
+    graph = gm.graph
+    for node in list(graph.nodes):
+        operands = _scatter_operands(node) if node.op == "call_function" else None
+        if operands is None:
+            continue
+        target, index, values = operands
+        row_shape = list(_val(target).shape[1:])
+        rows = math.prod(_val(index).shape)
+        full_shape = list(_val(index).shape) + row_shape
+        if list(_val(values).shape) != full_shape:  # index_put broadcasts its values
+            values = _emit(graph, node, aten.expand.default, (values, full_shape))
+        values = _emit(graph, node, aten.reshape.default, (values, [rows] + row_shape))
+        # index_put counts negative indices from the end; scatter_add does not
+        negative = _emit(graph, node, aten.lt.Scalar, (index, 0))
+        wrapped = _emit(graph, node, aten.add.Tensor, (index, _val(target).shape[0]))
+        index = _emit(graph, node, aten.where.self, (negative, wrapped, index))
+        index = _emit(graph, node, aten.reshape.default, (index, [rows] + [1] * len(row_shape)))
+        index = _emit(graph, node, aten.expand.default, (index, [rows] + row_shape))
+        scattered = _emit(graph, node, aten.scatter_add.default, (target, 0, index, values))
+        node.replace_all_uses_with(scattered)
+        graph.erase_node(node)
+    return gm
+
+
+def library_call_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Passes on a graph about to get generated kernels, in order (after ``post_grad_passes``)."""
+    return run_passes(gm, (pad_matmuls, scatter_accumulate))

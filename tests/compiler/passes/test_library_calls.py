@@ -1,0 +1,173 @@
+"""Padded matmuls and scatter-add accumulation (compiler/passes/library_calls.py): equal to eager
+(values, gradients) through the Triton interpreter, with the rewrite visible in the kernel plan."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import aotforge  # noqa: F401  (registers the backends)
+from aotforge.compiler import observe
+from aotforge.compiler.passes import library_calls
+from aotforge.config import config
+
+
+@pytest.fixture
+def pad_on_cpu(monkeypatch):
+    """Pad CPU matmuls as CUDA ones, at sizes the interpreter runs quickly."""
+    monkeypatch.setattr(library_calls, "PAD_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(library_calls, "MIN_PADDED_WORK", 1)
+    monkeypatch.setitem(library_calls.ALIGNMENT, torch.float64, 4)
+
+
+def _compiled_run(fn, *inputs):
+    """fn through backend="aotforge" on the Triton path: outputs, input gradients, the plans."""
+    torch._dynamo.reset()
+    inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    with config.patch(triton_on_cpu=True), observe() as graphs:
+        out = torch.compile(fn, backend="aotforge")(*inputs)
+        out.sum().backward()
+    assert graphs and all(g.path == "triton" for g in graphs)
+    return out, [x.grad for x in inputs if x.requires_grad], graphs
+
+
+def _matmul_shapes(graphs) -> list[list[int]]:
+    """The shapes of the operands that each matmul of the kernel plans gets."""
+    shapes = []
+    for graph in graphs:
+        for step in graph.kernel_plan.steps:
+            if str(getattr(step, "op", "")) in ("aten.mm.default", "aten.addmm.default", "aten.bmm.default"):
+                for arg in step.args:
+                    size = getattr(arg, "size", None) or getattr(getattr(arg, "layout", None), "size", None)
+                    if size is not None:
+                        shapes.append([int(s) for s in size])
+    return shapes
+
+
+def _plans(graphs) -> str:
+    return "\n".join(str(g.kernel_plan) for g in graphs)
+
+
+def _eager_run(fn, *inputs):
+    inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    out = fn(*inputs)
+    out.sum().backward()
+    return out, [x.grad for x in inputs if x.requires_grad]
+
+
+@pytest.mark.parametrize("case", ["mm", "addmm", "addmm_bias_2d", "bmm", "returned"])
+def test_padded_matmul_equals_eager(pad_on_cpu, case):
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 11, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(11 if case != "addmm_bias_2d" else 30 * 11, dtype=torch.float64, requires_grad=True)
+
+    def fn(x, w, b):
+        if case == "mm":
+            return (x.reshape(30, 7).tanh() @ w).exp()
+        if case == "addmm":
+            return torch.addmm(b, x.reshape(30, 7), w).exp()
+        if case == "addmm_bias_2d":
+            return torch.addmm(b.reshape(30, 11), x.reshape(30, 7), w).exp()
+        if case == "bmm":
+            return torch.bmm(x, w.expand(6, 7, 11)).sin()
+        return x.reshape(30, 7) @ w  # the matmul's result is the graph's output
+
+    out, grads, plans = _compiled_run(fn, x, w, b)
+    expected, expected_grads = _eager_run(fn, x, w, b)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
+    shapes = _matmul_shapes(plans)  # the padding is visible in the kernel plan
+    assert shapes and all(size % 4 == 0 for shape in shapes for size in shape[-2:]), shapes
+
+
+def test_aligned_and_small_matmuls_are_not_padded(pad_on_cpu, monkeypatch):
+    monkeypatch.setattr(library_calls, "MIN_PADDED_WORK", 10 ** 9)
+    x = torch.randn(30, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 11, dtype=torch.float64, requires_grad=True)
+    _, _, graphs = _compiled_run(lambda x, w: (x @ w).exp(), x, w)
+    assert [30, 7] in _matmul_shapes(graphs)
+    monkeypatch.setattr(library_calls, "MIN_PADDED_WORK", 1)
+    x = torch.randn(32, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, 12, dtype=torch.float64, requires_grad=True)
+    _, _, graphs = _compiled_run(lambda x, w: (x @ w).exp(), x, w)
+    assert [32, 8] in _matmul_shapes(graphs) and "constant_pad_nd" not in str(graphs[0].lowered)
+
+
+def test_matmuls_on_cpu_are_not_padded_by_default():
+    x = torch.randn(30, 7, dtype=torch.float32, requires_grad=True)
+    w = torch.randn(7, 11, dtype=torch.float32, requires_grad=True)
+    _, _, graphs = _compiled_run(lambda x, w: (x @ w).exp(), x, w)
+    assert [30, 7] in _matmul_shapes(graphs)
+
+
+class _Embedder(torch.nn.Module):
+    def __init__(self, padding_idx=None):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(13, 6, padding_idx=padding_idx, dtype=torch.float64)
+
+    def forward(self, tokens):
+        return self.embedding(tokens).tanh().sum(1)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_embedding_backward_with_repeated_indices_equals_eager(padding_idx, deterministic):
+    torch.manual_seed(0)
+    model = _Embedder(padding_idx)
+    reference = _Embedder(padding_idx)
+    reference.load_state_dict(model.state_dict())
+    tokens = torch.tensor([[1, 2, 2, 5], [5, 5, 1, 12], [2, 0, 0, 0]])  # repeated rows
+    torch._dynamo.reset()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        with config.patch(triton_on_cpu=True), observe() as graphs:
+            torch.compile(model, backend="aotforge")(tokens).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    reference(tokens).sum().backward()
+    torch.testing.assert_close(model.embedding.weight.grad, reference.embedding.weight.grad)
+    plans = _plans(graphs)
+    if deterministic:  # ATen's deterministic accumulation is kept
+        assert "scatter_add" not in plans and "index_put" in plans
+    else:
+        assert "scatter_add" in plans and "index_put" not in plans
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_index_put_accumulate_with_negative_and_repeated_indices(broadcast):
+    index = torch.tensor([0, -1, 3, 3, -1, 0, 0])
+    values = torch.randn(1 if broadcast else 7, 4, dtype=torch.float64, requires_grad=True)
+    base = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+
+    def fn(base, values):
+        return torch.index_put(base.exp(), (index,), values * 2, accumulate=True)
+
+    out, grads, plans = _compiled_run(fn, base, values)
+    expected, expected_grads = _eager_run(fn, base, values)
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
+    assert "scatter_add" in _plans(plans)
+
+
+def test_cross_entropy_over_an_unaligned_vocabulary(pad_on_cpu):
+    """The GPT-2 case in small: logits over an unaligned vocabulary, forward and backward."""
+    torch.manual_seed(0)
+    hidden = torch.randn(12, 8, dtype=torch.float64, requires_grad=True)
+    head = torch.randn(37, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 37, (12,))
+
+    def fn(hidden, head):
+        return F.cross_entropy(F.linear(hidden, head), targets)
+
+    out, grads, plans = _compiled_run(fn, hidden, head)
+    expected, expected_grads = _eager_run(fn, hidden, head)
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
+    shapes = _matmul_shapes(plans)
+    assert shapes and all(size % 4 == 0 for shape in shapes for size in shape[-2:]), shapes
