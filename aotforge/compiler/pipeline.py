@@ -116,7 +116,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
     """The stages from the post-grad graph to the loaded program."""
     with clock("post_grad_passes"):
-        gm = passes.library_call_passes(gm)                # padded matmuls, scatter-add accumulation
+        gm = passes.library_call_passes(gm, kind)              # padded matmuls, scatter-add accumulation
     with clock("lower"):
         lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")

@@ -29,6 +29,9 @@ from .registry import LOWERINGS, LoweringContext, NotLowerable
 REALIZE_OP_THRESHOLD = 24
 # reads of tensors as large as the value itself (broadcast weights are nearly free to reread)
 REALIZE_READ_THRESHOLD = 2
+# Extern ops whose computed operands are written in the strides eager gives them (instead of
+# contiguous): convolutions, whose library picks its kernels by the operands' memory format.
+KEEPS_EAGER_LAYOUT = frozenset({torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default})
 
 
 def lower(gm: fx.GraphModule, sizes: SizeVars = STATIC) -> ir.LoweredGraph:
@@ -209,6 +212,9 @@ class GraphLowering:
         """Run ``node.target`` through ATen at runtime; its tensor outputs become buffers."""
         def realize_arg(a):
             return self.realize(a) if isinstance(a, Value) else a
+        if node.target in KEEPS_EAGER_LAYOUT:  # operands in the layout the graph chose for them
+            args = tuple(self.realize(a, _stride_of(n.meta.get("val"))) if isinstance(a, Value) and isinstance(n, fx.Node)
+                         else a for a, n in zip(args, node.args))
         args = _map_values(args, realize_arg)
         kwargs = _map_values(kwargs, realize_arg)
         val = node.meta.get("val")

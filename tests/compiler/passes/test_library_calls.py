@@ -171,3 +171,39 @@ def test_cross_entropy_over_an_unaligned_vocabulary(pad_on_cpu):
         torch.testing.assert_close(grad, expected_grad)
     shapes = _matmul_shapes(plans)
     assert shapes and all(size % 4 == 0 for shape in shapes for size in shape[-2:]), shapes
+
+
+class _ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1, dtype=torch.float64)
+        self.bn = torch.nn.BatchNorm2d(8, dtype=torch.float64)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False, dtype=torch.float64)
+        self.head = torch.nn.Linear(8, 5, dtype=torch.float64)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv1(x)))
+        z = self.conv2(y) + y[:, :, ::2, ::2]
+        return self.head(z.mean((2, 3))), z  # z: a 4-d output the caller sees
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_convolution_graphs_run_channels_last_with_eager_output_strides(monkeypatch, training):
+    monkeypatch.setattr(library_calls, "CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    model = _ConvNet().train(training)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(training), config.patch(triton_on_cpu=True), observe() as graphs:
+        out = torch.compile(model, backend="aotforge")(x)
+    with torch.set_grad_enabled(training):
+        expected = model(x)
+    for actual, wanted in zip(out, expected):
+        torch.testing.assert_close(actual, wanted)
+        assert actual.stride() == wanted.stride()
+    convolutions = [step for g in graphs for step in g.kernel_plan.steps
+                    if str(getattr(step, "op", "")) == "aten.convolution.default"]
+    assert len(convolutions) == 2
+    # inference: every convolution gets NHWC operands (channel stride 1); training: untouched
+    channel_strides = {int(arg.stride[1]) for step in convolutions for arg in step.args[:2]}
+    assert channel_strides == ({1} if not training else channel_strides - {1})
