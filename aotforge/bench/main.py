@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from aotforge.bench import report, runner
+from aotforge.bench import profile, report, runner
 from aotforge.bench.workload import MODES, SUITES, load_workloads, select
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -68,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: torch threads, and the process pinned to as many CPUs (default: 1 with --quick, "
                    "whose steps are too small to share; else torch's count, at most the CPUs this process may use)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, profile each backend's step: device time per step by category (generated "
+                        "kernels, libraries, copies, other ATen), host time to enqueue it, launches, top kernels")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p
 
@@ -173,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         float64_reference=args.float64_reference,
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
         backend_timeout=args.backend_timeout,
+        profile=args.profile,
     )
     pinned = None
     if device.type == "cpu":
@@ -219,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = device.type == "cuda"
     print(report.table(results, bandwidth=gpu))
     print("\n" + report.LEGEND.format(memory=memory, min_batch_ms=runner.measure.MIN_BATCH_S * 1e3) + (report.LEGEND_BANDWIDTH if gpu else ""))
+    profiled = [(r.workload, r.mode, r.backend, profile.Profile(**r.profile)) for r in results if r.profile]
+    if profiled:
+        print("\n### Profile (per step)\n\n" + profile.table(profiled))
     report.write_json(json_path, meta, results)
     written = [str(json_path)]
     chart = json_path.with_suffix(".png")

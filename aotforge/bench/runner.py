@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch.utils._pytree import tree_leaves
 
-from aotforge.bench import measure
+from aotforge.bench import measure, profile
 from aotforge.bench.workload import Case, Workload
 
 # Backends by name: plain eager, torch.compile's default (inductor), aotforge's two.
@@ -62,6 +62,8 @@ class Settings:
     deadline: float | None = None
     # Seconds one backend may take on one workload (compile, check, timing); None: no limit.
     backend_timeout: float | None = None
+    # After timing, profile each backend's step (device time by category, host time, launches).
+    profile: bool = False
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -89,6 +91,7 @@ class Result:
     gbps: float | None = None  # micro kernels: achieved bandwidth
     copy_fraction: float | None = None  # ... over a device-to-device copy's
     traceback: str = ""
+    profile: dict | None = None  # bench.profile.Profile.to_json(), with --profile
 
 
 # --- backends -----------------------------------------------------------------------------------
@@ -409,6 +412,8 @@ def run_workload(
             time_rounds(live, settings)
             for entry in live:
                 progress(f"{workload.name} {mode} {entry.result.backend}: {describe(entry.result)}")
+                if settings.profile and entry.result.status == "OK":
+                    entry.result.profile = profile.profile_step(entry.step, settings.device).to_json()
     finally:
         # One workload and mode alive at a time: drop the compiled models before the next.
         live.clear()
