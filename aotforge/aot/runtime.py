@@ -317,7 +317,12 @@ def _check_outputs(outputs: list, expected: list, compiler_name: str) -> None:
         shape_ok = actual.dim() == len(static_shape) and all(
             s is None or s == a for s, a in zip(static_shape, actual.shape)
         )
-        if not shape_ok or actual.dtype != value.dtype or actual.device.type != value.device.type:
+        # Two floating dtypes may differ where a kernel and its fake (meta) implementation
+        # disagree: on the CPU, layer norm of a bfloat16 input with float32 weights (autocast)
+        # returns float32 statistics while its meta function says bfloat16. Eager runs the
+        # same kernel, so such an output is eager's, not a compiler's mistake.
+        dtype_ok = actual.dtype == value.dtype or (actual.dtype.is_floating_point and value.dtype.is_floating_point)
+        if not shape_ok or not dtype_ok or actual.device.type != value.device.type:
             fail(
                 f"returned output {index} as {tuple(actual.shape)} {actual.dtype} on {actual.device}, "
                 f"but the graph returns {tuple(value.shape)} {value.dtype} on {value.device}"

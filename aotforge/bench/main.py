@@ -68,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: torch threads, and the process pinned to as many CPUs (default: 1 with --quick, "
                    "whose steps are too small to share; else torch's count, at most the CPUs this process may use)")
+    p.add_argument("--autocast", action="store_true",
+                   help="keep weights and inputs in float32 and run each step under torch.autocast(--dtype), "
+                        "as mixed-precision training does (default: convert the model to --dtype)")
     p.add_argument("--profile", action="store_true",
                    help="after timing, profile each backend's step: device time per step by category (generated "
                         "kernels, libraries, copies, other ATen), host time to enqueue it, launches, top kernels")
@@ -177,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
         backend_timeout=args.backend_timeout,
         profile=args.profile,
+        autocast=args.autocast,
     )
     pinned = None
     if device.type == "cpu":
@@ -195,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["load_average"] = busy[0]
         if busy[1]:
             print(f"bench: {busy[1]}", file=sys.stderr, flush=True)
-    meta.update(dtype=args.dtype, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
+    meta.update(dtype=args.dtype, autocast=args.autocast, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
                 min_batch_ms=runner.measure.MIN_BATCH_S * 1e3, backends=args.backends, modes=args.modes)
     copy_bytes_per_s = None
     if device.type == "cuda" and any(w.suite == "micro" for w in workloads):

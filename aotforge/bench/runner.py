@@ -64,6 +64,9 @@ class Settings:
     backend_timeout: float | None = None
     # After timing, profile each backend's step (device time by category, host time, launches).
     profile: bool = False
+    # Mixed precision as trained in practice: float32 weights and inputs, each step under
+    # torch.autocast(dtype) (else the module and inputs are converted to dtype).
+    autocast: bool = False
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -122,8 +125,11 @@ def compile_module(backend: str, module: torch.nn.Module) -> Callable:
 # --- one step -----------------------------------------------------------------------------------
 
 
-def prepare(case: Case, mode: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
-    """A fresh copy of the case on ``device``, floating-point tensors in ``dtype``."""
+def prepare(case: Case, mode: str, device: torch.device, dtype: torch.dtype,
+            autocast: bool = False) -> tuple[torch.nn.Module, tuple]:
+    """A fresh copy of the case on ``device``, floating-point tensors in ``dtype`` (float32
+    under ``autocast``, which casts per op)."""
+    dtype = torch.float32 if autocast and dtype != torch.float64 else dtype
     module = copy.deepcopy(case.module).to(device=device, dtype=dtype)
     module.train(mode == "train")
     inputs = []
@@ -152,8 +158,17 @@ class GradOutputs:
         return self.values
 
 
-def make_step(fn: Callable, module: torch.nn.Module, inputs: tuple, mode: str) -> Callable[[], object]:
-    """One inference call under no_grad, or one training step: forward and backward."""
+def make_step(fn: Callable, module: torch.nn.Module, inputs: tuple, mode: str,
+              autocast: torch.dtype | None = None) -> Callable[[], object]:
+    """One inference call under no_grad, or one training step: forward and backward (the
+    forward under ``torch.autocast(autocast)`` when given)."""
+    if autocast is not None:
+        device_type = next((x.device.type for x in inputs if isinstance(x, torch.Tensor)), "cuda")
+        plain = fn
+
+        def fn(*args):
+            with torch.autocast(device_type, dtype=autocast):
+                return plain(*args)
     if mode == "infer":
 
         def infer_step() -> object:
@@ -196,9 +211,10 @@ def snapshot(out: object, module: torch.nn.Module, inputs: tuple, to_cpu: bool) 
     return values
 
 
-def run_eager_once(case: Case, mode: str, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
-    module, inputs = prepare(case, mode, device, dtype)
-    out = make_step(module, module, inputs, mode)()
+def run_eager_once(case: Case, mode: str, device: torch.device, dtype: torch.dtype,
+                   autocast: bool = False) -> dict[str, torch.Tensor | None]:
+    module, inputs = prepare(case, mode, device, dtype, autocast)
+    out = make_step(module, module, inputs, mode, dtype if autocast and dtype != torch.float64 else None)()
     return snapshot(out, module, inputs, to_cpu=True)
 
 
@@ -305,8 +321,9 @@ def _check_and_warm_up(
 ) -> Live | None:
     # What the backends made before this one hold: not this one's memory.
     baseline = measure.current_bytes(settings.device)
-    module, inputs = prepare(case, result.mode, settings.device, settings.dtype)
-    step = make_step(compile_module(result.backend, module), module, inputs, result.mode)
+    module, inputs = prepare(case, result.mode, settings.device, settings.dtype, settings.autocast)
+    step = make_step(compile_module(result.backend, module), module, inputs, result.mode,
+                     settings.dtype if settings.autocast else None)
     out, result.compile_s = measure.time_first_call(step, settings.device)
     actual = snapshot(out, module, inputs, to_cpu=False)
     del out
@@ -387,7 +404,7 @@ def run_workload(
         if settings.float64_reference and settings.dtype != torch.float64:
             reference = run_eager_once(case, mode, settings.device, torch.float64)
             release(settings.device)
-        eager = run_eager_once(case, mode, settings.device, settings.dtype)
+        eager = run_eager_once(case, mode, settings.device, settings.dtype, settings.autocast)
         release(settings.device)
     except Exception as error:
         reason = f"eager failed: {one_line(error)}"
