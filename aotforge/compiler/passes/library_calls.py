@@ -42,7 +42,11 @@ aten = torch.ops.aten
 # through the Triton interpreter.
 PAD_DEVICES: tuple[str, ...] = ("cuda",)
 # Devices whose inference graphs run convolutions in channels-last (cuDNN); tests add "cpu".
-CHANNELS_LAST_DEVICES: tuple[str, ...] = ("cuda",)
+# None by default: measured on an H100 (timm ResNet-50 inference, bf16), the layout change
+# removed cuDNN's transposes but our pointwise kernels iterate in logical (NCHW) order, so
+# over NHWC buffers their loads and stores are strided: generated kernels went from about
+# 3 ms to 30.7 ms per step. It waits for kernels that iterate in the output's memory order.
+CHANNELS_LAST_DEVICES: tuple[str, ...] = ()
 # Elements per 16 bytes, the alignment cuBLAS's fast kernels need, by dtype.
 ALIGNMENT = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
 # Smaller matmuls are left alone: the pad's copy would cost more than the aligned kernel saves.
