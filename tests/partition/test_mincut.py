@@ -391,3 +391,36 @@ def test_module_constants_are_read_not_saved() -> None:
     (expected,) = torch.autograd.grad(f(eager_x), eager_x, torch.ones(3, dtype=torch.float64))
     torch.testing.assert_close(grad, expected)
     assert all(n.op != "get_attr" for n in saved_nodes(graphs[0], 1))
+
+
+def test_dropout_mask_is_saved_not_redrawn_in_the_backward():
+    """A functionalized dropout's draw costs ten philox rounds per element: the backward
+    reads the forward's 1-byte mask instead of drawing it again (and gets eager's values)."""
+    import aotforge
+    from aotforge import aot_function, min_cut_rematerialization_partition
+
+    graphs = {}
+
+    def capture(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind] = gm
+            return gm
+        return compiler
+
+    def fn(x):
+        return torch.nn.functional.dropout(x.softmax(-1), 0.3, training=True).sum()
+
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    compiled = aot_function(fn, fw_compiler=capture("forward"), bw_compiler=capture("backward"),
+                            partition_fn=min_cut_rematerialization_partition)
+    state = torch.get_rng_state()
+    compiled(x).backward()
+    grad, x.grad = x.grad, None
+    torch.set_rng_state(state)
+    fn(x).backward()
+    torch.testing.assert_close(grad, x.grad)
+    backward_ops = {str(n.target) for n in graphs["backward"].graph.nodes if n.op == "call_function"}
+    assert not any("philox" in op or "rand" in op for op in backward_ops), backward_ops
+    saved = [n for n in graphs["backward"].graph.nodes if n.op == "placeholder"]
+    assert any(n.meta["val"].dtype == torch.bool for n in saved if "val" in n.meta)
+    assert aotforge.config.functionalize_rng
