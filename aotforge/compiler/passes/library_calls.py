@@ -73,14 +73,27 @@ def _padding(size: Any, alignment: int) -> int:
     return 0 if not isinstance(size, int) else -size % alignment
 
 
-def _pad(graph: fx.Graph, before: fx.Node, tensor: fx.Node, amounts: Sequence[int]) -> fx.Node:
-    """``tensor`` with ``amounts[d]`` zeros appended along dimension d."""
+def _pad(graph: fx.Graph, before: fx.Node, tensor: fx.Node, amounts: Sequence[int], made: dict) -> fx.Node:
+    """``tensor`` with ``amounts[d]`` zeros appended along dimension d. A permuted operand
+    (``x.t()``, as the backward's matmuls take their inputs) is padded before its permute, so
+    that the pad writes in ``x``'s order and reads it coalesced, and the two matmuls that read
+    ``x`` and ``x.t()`` share one padded copy (``made``: pads by source and amounts)."""
     if not any(amounts):
         return tensor
-    pad_arg: list[int] = []
-    for amount in reversed(amounts):  # constant_pad_nd lists the last dimension first
-        pad_arg += [0, amount]
-    return _emit(graph, before, aten.constant_pad_nd.default, (tensor, pad_arg, 0.0))
+    if isinstance(tensor, fx.Node) and tensor.target is aten.permute.default and isinstance(tensor.args[0], fx.Node):
+        source, dims = tensor.args[0], [d % len(amounts) for d in tensor.args[1]]
+        source_amounts = [0] * len(amounts)
+        for position, dim in enumerate(dims):
+            source_amounts[dim] = amounts[position]
+        padded = _pad(graph, before, source, source_amounts, made)
+        return _emit(graph, before, aten.permute.default, (padded, list(tensor.args[1])))
+    key = (tensor, tuple(amounts))
+    if key not in made:
+        pad_arg: list[int] = []
+        for amount in reversed(amounts):  # constant_pad_nd lists the last dimension first
+            pad_arg += [0, amount]
+        made[key] = _emit(graph, before, aten.constant_pad_nd.default, (tensor, pad_arg, 0.0))
+    return made[key]
 
 
 def _matmul_padding(node: fx.Node) -> Optional[tuple[int, int, int]]:
@@ -99,7 +112,7 @@ def _matmul_padding(node: fx.Node) -> Optional[tuple[int, int, int]]:
     return amounts if any(amounts) else None
 
 
-def _pad_matmul(graph: fx.Graph, node: fx.Node, returned: set) -> None:
+def _pad_matmul(graph: fx.Graph, node: fx.Node, returned: set, made: dict) -> None:
     padding = _matmul_padding(node)
     if padding is None:
         return
@@ -107,14 +120,14 @@ def _pad_matmul(graph: fx.Graph, node: fx.Node, returned: set) -> None:
     is_addmm = node.target is aten.addmm.default
     a, b = (node.args[1], node.args[2]) if is_addmm else node.args[:2]
     batch = [0] * (_val(a).dim() - 2)
-    a = _pad(graph, node, a, batch + [pad_m, pad_k])
-    b = _pad(graph, node, b, batch + [pad_k, pad_n])
+    a = _pad(graph, node, a, batch + [pad_m, pad_k], made)
+    b = _pad(graph, node, b, batch + [pad_k, pad_n], made)
     if is_addmm:
         bias = node.args[0]
         bias_shape = list(_val(bias).shape)
         # a broadcast dimension (size 1, or missing) of the bias needs no padding
         wanted = [pad_m, pad_n][2 - len(bias_shape):]
-        bias = _pad(graph, node, bias, [p if size != 1 else 0 for p, size in zip(wanted, bias_shape)])
+        bias = _pad(graph, node, bias, [p if size != 1 else 0 for p, size in zip(wanted, bias_shape)], made)
         padded = _emit(graph, node, aten.addmm.default, (bias, a, b, *node.args[3:]), dict(node.kwargs))
     else:
         padded = _emit(graph, node, node.target, (a, b))
@@ -134,9 +147,10 @@ def pad_matmuls(gm: fx.GraphModule) -> fx.GraphModule:
     """Pad unaligned matmul dimensions (see the module's docstring)."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
     returned = set(output.all_input_nodes)
+    made: dict = {}
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target in (aten.mm.default, aten.bmm.default, aten.addmm.default):
-            _pad_matmul(gm.graph, node, returned)
+            _pad_matmul(gm.graph, node, returned, made)
     return gm
 
 
