@@ -171,6 +171,11 @@ def test_cross_entropy_over_an_unaligned_vocabulary(pad_on_cpu):
         torch.testing.assert_close(grad, expected_grad)
     shapes = _matmul_shapes(plans)
     assert shapes and all(size % 4 == 0 for shape in shapes for size in shape[-2:]), shapes
+    # the backward's two matmuls read one padded copy of the logits' gradient
+    (backward,) = [g for g in plans if g.kind == "backward"]
+    matmuls = [step for step in backward.kernel_plan.steps if str(getattr(step, "op", "")) == "aten.mm.default"]
+    operands = [{arg.buffer.name for arg in step.args if hasattr(arg, "buffer")} for step in matmuls]
+    assert len(matmuls) == 2 and operands[0] & operands[1], operands
 
 
 class _ConvNet(torch.nn.Module):
