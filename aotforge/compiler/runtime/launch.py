@@ -355,8 +355,8 @@ def ensure_layout(tensor: torch.Tensor, size: Sequence[int], stride: Sequence[in
     (an ATen call that chose other strides, a caller's input) is copied into that layout.
     Some ATen ops return None where fake tensors promised a value (the philox seed and offset
     of cuDNN attention without dropout); those pass through."""
-    if tensor is None:
-        return tensor
+    if tensor is None or (tensor.stride() == stride and tensor.size() == size):
+        return tensor  # the common case, two tuple comparisons (run per input and extern output)
     if tuple(tensor.shape) == tuple(size) and (tensor.numel() <= 1 or _same_strides(tensor, size, stride)):
         return tensor
     if tuple(tensor.shape) != tuple(size):
