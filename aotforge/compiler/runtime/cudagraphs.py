@@ -147,8 +147,11 @@ class CudaCapture:
             outputs = list(run(list(static_args)))
         return graph, outputs
 
-    def replay(self, graph: Any) -> None:
+    def replay(self, graph: Any, args: Optional[list]) -> None:
         graph.replay()
+
+    # a replay reads the addresses recorded: it needs no arguments
+    needs_args = False
 
 
 # --- the record ---------------------------------------------------------------------------------
@@ -167,6 +170,8 @@ class Recording:
     storages: list                       # (storage handle, use count of ours, output positions)
     policy: list                         # per output: HAND_OUT | HOLD | CLONE
     input_aliases: set                   # outputs that alias an input read in place
+    passed_through: dict                 # output -> copied input it is (the caller's tensor is returned)
+    pool_inputs: int                     # inputs read in place from other recordings' pools
     held: list = dataclasses.field(default_factory=list)
     consumers: list = dataclasses.field(default_factory=list)  # (CudaGraphs, Recording)
     replays: int = 0
@@ -175,8 +180,9 @@ class Recording:
     def describe(self) -> str:
         policies = collections.Counter(self.policy)
         return (f"replays {self.replays}, {len(self.copies)} inputs copied, {len(self.static_ptrs)} static, "
-                f"{sum(1 for a in self.static_args if isinstance(a, torch.Tensor)) - len(self.copies) - len(self.static_ptrs)} "
-                f"from other graphs' pools; outputs: " + ", ".join(f"{n} {p}" for p, n in sorted(policies.items())))
+                f"{self.pool_inputs} from other graphs' pools; outputs: " +
+                ", ".join(f"{n} {p}" for p, n in sorted(policies.items())) +
+                (f" ({len(self.passed_through)} of them the caller's inputs)" if self.passed_through else ""))
 
 
 # outputs of live recordings by address: inputs found here are read in place ("pool")
@@ -215,7 +221,7 @@ class CudaGraphs:
     # --- printing ---------------------------------------------------------------------------
 
     def __str__(self) -> str:
-        lines = [f"CUDA graphs of a {self.kind} graph: " +
+        lines = [f"CUDA graphs of the {self.kind} graph: " +
                  (f"off ({self.disabled})" if self.disabled else f"{len(self.recordings)} recording(s)")]
         if self.kinds is not None:
             kinds = collections.Counter(self.kinds)
@@ -400,17 +406,22 @@ class CudaGraphs:
             self._disable(f"capturing it failed ({type(error).__name__}: {str(error).splitlines()[0][:300]})",
                           warn=True)
             return self.run(args)
-        copied = {_storage(buffer) for _, buffer, _ in copies}
+        # keep only our buffers: a reference to a caller's tensor would keep it (and the
+        # recording that produced it) in use
+        static_args = [a if self.kinds[i] in (COPY, VALUE) else None for i, a in enumerate(static_args)]
+        copied = {_storage(buffer): i for i, buffer, _ in copies}
         if policy is None or len(policy) != len(outputs):
             policy = [HAND_OUT] * len(outputs)
         policy = list(policy)
-        input_aliases = set()
+        input_aliases, passed_through = set(), {}
         by_storage: dict[int, list[int]] = {}
         for position, output in enumerate(outputs):
             if not isinstance(output, torch.Tensor):
                 continue
             storage = _storage(output)
-            if storage in copied:
+            if storage in copied and _same_layout(output, static_args[copied[storage]]):
+                passed_through[position] = copied[storage]  # the graph returns an input: the caller's
+            elif storage in copied:
                 policy[position] = CLONE  # never hand out our input buffers
             elif storage in read_in_place:
                 input_aliases.add(position)  # a view of the caller's tensor, as eager's
@@ -418,7 +429,7 @@ class CudaGraphs:
                 by_storage.setdefault(storage, []).append(position)
         storages = [(storage, _use_count(storage), tuple(positions)) for storage, positions in by_storage.items()]
         recording = Recording(key, handle, static_args, copies, static_ptrs, producers, outputs, storages,
-                              policy, input_aliases)
+                              policy, input_aliases, passed_through, self.kinds.count(POOL))
         for positions in by_storage.values():
             for position in positions:
                 _pool_outputs[outputs[position].data_ptr()] = recording
@@ -433,8 +444,13 @@ class CudaGraphs:
         if not copied:
             for i, buffer, span in recording.copies:
                 _copy_in(buffer, args[i], span)
+        current = None
+        if self.capture.needs_args:
+            current = [a if b is None else b for a, b in zip(args, recording.static_args)]
+        passed = {position: args[i] for position, i in recording.passed_through.items()}
         args.clear()
-        self.capture.replay(recording.handle)
+        self.capture.replay(recording.handle, current)
+        current = None
         for original, buffer in written:
             original.copy_(buffer)
         recording.replays += 1
@@ -443,6 +459,8 @@ class CudaGraphs:
         for output, policy in zip(recording.outputs, recording.policy):
             if not isinstance(output, torch.Tensor):
                 results.append(output)
+            elif passed and len(results) in passed:
+                results.append(passed[len(results)])
             elif policy == CLONE:
                 results.append(output.clone())
             else:
@@ -491,6 +509,10 @@ def _hashable(value: Any) -> bool:
 
 def _storage(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 def _at(value: Any, pointer: int) -> bool:
