@@ -245,7 +245,7 @@ class CudaGraphs:
         self.disabled = reason
         self._event(f"off: {reason}")
         if warn:
-            _warn_once(f"aotforge: a {self.kind} graph runs without CUDA graphs: {reason}")
+            _warn_once(f"aotforge: a compiled {self.kind} graph runs without CUDA graphs: {reason}")
 
     # --- the call ---------------------------------------------------------------------------
 
@@ -274,7 +274,7 @@ class CudaGraphs:
             return self._record(key, args)
         if len(self.warm) >= MAX_SHAPES:
             self.counts["plain: over the shape limit"] += 1
-            _warn_once(f"aotforge: a {self.kind} graph was called with more than {MAX_SHAPES} input shapes; "
+            _warn_once(f"aotforge: a compiled {self.kind} graph was called with more than {MAX_SHAPES} input shapes; "
                        "new shapes run without CUDA graphs (mark the varying dimension dynamic, or pad inputs "
                        "to a few sizes)")
             return self.run(args)
@@ -478,7 +478,7 @@ class CudaGraphs:
         self.rerecords[shape_key] += 1
         if self.rerecords[shape_key] > MAX_RERECORDS:
             self.given_up.add(shape_key)
-            _warn_once(f"aotforge: a {self.kind} graph was recorded {MAX_RERECORDS + 1} times for one input "
+            _warn_once(f"aotforge: a compiled {self.kind} graph was recorded {MAX_RERECORDS + 1} times for one input "
                        f"shape and now runs without CUDA graphs for it; last reason: {reason}")
         self.warm.setdefault(shape_key, None)
 
