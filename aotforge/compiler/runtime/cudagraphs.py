@@ -17,6 +17,8 @@ Inputs, per position (decided at the first recording, printed by the record):
             (misaligned inputs get an aligned buffer; expanded and self-overlapping ones copy
             the memory span they cover, so the layout stays exactly the caller's)
     value   numbers (sizes under dynamic shapes) and None: part of the key
+    host scalar  a 0-d CPU tensor (an unspecialized float under dynamic shapes): read on the
+            host as a number, so its value is part of the key
 
 Outputs live in the recording's private memory pool. Before a replay the record checks, from
 the storages' use counts, whether a caller still holds an output of the previous replay
@@ -52,7 +54,7 @@ MAX_SHAPES = 16
 # recordings made again for one shape (outputs held, parameters moved) before giving up on it
 MAX_RERECORDS = 4
 
-STATIC, POOL, COPY, VALUE = "static", "pool", "copy", "value"
+STATIC, POOL, COPY, VALUE, HOST = "static", "pool", "copy", "value", "host scalar"
 HAND_OUT, HOLD, CLONE = "hand out", "hold", "clone"
 
 # Ops that cannot be captured, with why (keyed by overload packet).
@@ -89,7 +91,7 @@ def capture_blocker(gm: fx.GraphModule) -> Optional[str]:
         value = node.meta.get("val")
         values = value if isinstance(value, (list, tuple)) else [value]
         for item in values:
-            if isinstance(item, torch.Tensor) and item.device.type != "cuda":
+            if isinstance(item, torch.Tensor) and item.device.type != "cuda" and not _host_scalar(item):
                 where = "an input" if node.op == "placeholder" else f"node {node.name}"
                 return f"{where} is a {item.device.type.upper()} tensor (CUDA graphs replay GPU work only)"
             if isinstance(item, (torch.Tensor, torch.SymInt)) and free_unbacked_symbols(item):
@@ -100,10 +102,32 @@ def capture_blocker(gm: fx.GraphModule) -> Optional[str]:
         if any(rng in name for rng in _RNG_STATE_OPS):
             return (f"node {node.name} reads the random generator's state on the host ({name}); "
                     "functionalized RNG with aotforge.config.fallback_random=False keeps it on the device")
-        reason = NOT_CAPTURABLE.get(getattr(node.target, "overloadpacket", None))
+        packet = getattr(node.target, "overloadpacket", None)
+        if packet in (aten._to_copy, aten.copy, aten.copy_) and _copies_host_to_device(node):
+            return f"node {node.name} copies a CPU tensor to the GPU (a replay would not read it again)"
+        if packet is aten._local_scalar_dense and _host_scalar(_value(node.args[0])):
+            continue  # a host scalar's value: part of the recording's key
+        reason = NOT_CAPTURABLE.get(packet)
         if reason:
             return f"node {node.name} {reason}"
     return None
+
+
+def _value(arg: Any) -> Any:
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+
+
+def _host_scalar(value: Any) -> bool:
+    """A 0-d CPU tensor (Dynamo passes unspecialized floats so): ATen reads it on the host
+    as a number, so a recording is keyed by its value like any number."""
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0
+
+
+def _copies_host_to_device(node: fx.Node) -> bool:
+    sources = [_value(a) for a in node.args if isinstance(a, fx.Node)]
+    target = _value(node)
+    return (isinstance(target, torch.Tensor) and target.device.type == "cuda"
+            and any(isinstance(s, torch.Tensor) and s.device.type == "cpu" for s in sources))
 
 
 def mutated_inputs(gm: fx.GraphModule) -> list[int]:
@@ -138,13 +162,22 @@ class CudaCapture:
     """Records with ``torch.cuda.graph`` (a private memory pool per recording)."""
 
     def unsupported(self, value: torch.Tensor) -> Optional[str]:
-        return None if value.is_cuda else f"an input is a {value.device.type.upper()} tensor at run time"
+        if value.is_cuda or _host_scalar(value):
+            return None
+        return f"an input is a {value.device.type.upper()} tensor at run time"
+
+    def host_scalar(self, value: torch.Tensor) -> bool:
+        return _host_scalar(value)
 
     def capture(self, run: Callable[[list], Any], static_args: list) -> tuple[Any, list]:
         graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads' CUDA calls (a data loader pinning memory) stay legal
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = list(run(list(static_args)))
+        try:
+            # thread_local: other threads' CUDA calls (a data loader pinning memory) stay legal
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                outputs = list(run(list(static_args)))
+        except Exception:
+            _end_generator_capture()
+            raise
         return graph, outputs
 
     def replay(self, graph: Any, args: Optional[list]) -> None:
@@ -152,6 +185,19 @@ class CudaCapture:
 
     # a replay reads the addresses recorded: it needs no arguments
     needs_args = False
+
+
+def _end_generator_capture() -> None:
+    """A failed capture leaves the CUDA generator in capture mode (``capture_end`` stops at the
+    failed stream capture, before the generators' epilogue), and the next random op raises
+    "Offset increment outside graph capture". A small capture that succeeds ends that mode."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), capture_error_mode="thread_local"):
+                torch.zeros(1, device="cuda").add_(1)
+        except Exception:  # noqa: BLE001  (best effort: the original error is what the user sees)
+            pass
 
 
 # --- the record ---------------------------------------------------------------------------------
@@ -292,7 +338,8 @@ class CudaGraphs:
                     self._disable(f"{reason} (input {i})", warn=True)
                     return False
                 static = i in self.declared_static or isinstance(value, torch.nn.Parameter)
-                kinds.append(STATIC if static else COPY)
+                host = getattr(self.capture, "host_scalar", lambda v: False)(value)
+                kinds.append(HOST if host else STATIC if static else COPY)
             else:
                 kinds.append(VALUE)
         self.kinds = kinds
@@ -321,6 +368,10 @@ class CudaGraphs:
                 if isinstance(value, torch.Tensor):
                     return None
                 shapes.append(value if _hashable(value) else repr(value))
+            elif kind == HOST:
+                if not _host_scalar(value):
+                    return None
+                shapes.append((value.item(), value.dtype))
             else:
                 if not isinstance(value, torch.Tensor):
                     return None
@@ -362,7 +413,7 @@ class CudaGraphs:
         written = []
         for i, kind in self.keyed:
             value = run_args[i]
-            if kind != VALUE and isinstance(value, torch.Tensor) and value.data_ptr() % 16:
+            if kind in (COPY, POOL) and isinstance(value, torch.Tensor) and value.data_ptr() % 16:
                 run_args[i] = _static_like(value)[0]
                 _copy_in(run_args[i], value, _overlaps(value))
                 if i in self.mutated:

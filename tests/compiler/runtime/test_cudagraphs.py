@@ -139,6 +139,56 @@ def test_host_rng_state_blocks_capture():
     assert "random generator's state" in capture_blocker(_graph(build))
 
 
+def test_host_scalars_are_allowed_but_host_to_device_copies_block():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        scalar = torch.empty((), dtype=torch.float64)
+
+    def build_read(graph, x):
+        s = graph.placeholder("s")
+        s.meta["val"] = scalar
+        item = graph.call_function(torch.ops.aten._local_scalar_dense.default, (s,))
+        item.meta["val"] = 0.5
+        node = graph.call_function(torch.ops.aten.mul.Tensor, (x, item))
+        node.meta["val"] = _fake_cuda(4)
+        return node
+    assert capture_blocker(_graph(build_read)) is None
+
+    def build_copy(graph, x):
+        s = graph.placeholder("s")
+        s.meta["val"] = scalar
+        node = graph.call_function(torch.ops.aten._to_copy.default, (s,), {"device": torch.device("cuda")})
+        node.meta["val"] = _fake_cuda(())
+        return node
+    assert "copies a CPU tensor to the GPU" in capture_blocker(_graph(build_copy))
+
+
+def test_host_scalar_inputs_key_the_recordings_by_value():
+    class BakingCapture(SimulatedCapture):
+        """Like a CUDA graph, a replay uses the host scalars' values seen at capture."""
+
+        def host_scalar(self, value):
+            return value.dim() == 0
+
+        def capture(self, run, static_args):
+            self.baked = {i: a.clone() for i, a in enumerate(static_args)
+                          if isinstance(a, torch.Tensor) and a.dim() == 0}
+            handle, outputs = super().capture(run, static_args)
+            return (handle, dict(self.baked)), outputs
+
+        def replay(self, handle, args):
+            handle, baked = handle
+            super().replay(handle, [baked.get(i, a) for i, a in enumerate(args)])
+
+    capture = BakingCapture()
+    wrapper = CudaGraphs(boxed(lambda x, s: (x * s,)), "forward", capture=capture)
+    for step in range(8):
+        x, s = torch.randn(3), torch.tensor(float(step % 2 + 2), dtype=torch.float64)
+        torch.testing.assert_close(wrapper([x, s])[0], x * s)
+    assert wrapper.kinds == [COPY, "host scalar"] and len(wrapper.recordings) == 2
+
+
 def test_mutated_inputs_direct_and_through_views():
     def f(a, b, c):
         a.add_(1)
