@@ -18,6 +18,7 @@ import aotforge  # noqa: E402
 from aotforge.compiler import observe  # noqa: E402
 from aotforge.compiler.runtime import cudagraphs  # noqa: E402
 from aotforge.compiler.runtime.cudagraphs import CudaGraphs  # noqa: E402
+from aotforge.testing import LOOP_PATTERNS, assert_same_loops, training_loop  # noqa: E402
 
 STEPS = 8
 
@@ -63,58 +64,25 @@ def _records(graphs) -> str:
     return "\n".join(str(g.cudagraphs) for g in graphs if g.cudagraphs is not None)
 
 
-def _run_loop(pattern, model, run, batches):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    results = []
-    for step, x in enumerate(batches):
-        if pattern == "plain":
-            loss = run(x)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            results.append(loss)   # kept: a later replay must not change it
-        elif pattern == "accumulate":
-            loss = run(x) / 4
-            loss.backward()
-            if step % 4 == 3:
-                optimizer.step()
-                optimizer.zero_grad()
-        elif pattern == "repeat_backward":  # the benchmark loop: grads never reset
-            run(x).backward()
-        elif pattern == "append":
-            results.append(run(x).detach())
-        elif pattern == "eval":
-            loss = run(x)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            model.eval()
-            with torch.no_grad():
-                results.append(run(x + 1))
-            model.train()
-    grads = [p.grad for p in model.parameters()]
-    return results, list(model.parameters()), grads, list(model.buffers())
+def _step_both(eager, model, compiled, x):
+    """One step eagerly and compiled: outputs equal, then gradients (accumulated) equal."""
+    want, have = eager(x), compiled(x)
+    torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
+    want.backward()
+    have.backward()
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4)
 
 
-def _compare(expected, got):
-    for want_group, got_group in zip(expected, got):
-        assert len(want_group) == len(got_group)
-        for want, have in zip(want_group, got_group):
-            if want is None:
-                assert have is None
-            else:
-                torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("pattern", ["plain", "accumulate", "repeat_backward", "append", "eval"])
+@pytest.mark.parametrize("pattern", LOOP_PATTERNS)
 def test_training_loops_equal_eager(pattern):
     eager, model = _pair()
     batches = [torch.randn(16, 32, device="cuda") for _ in range(STEPS)]
-    expected = _run_loop(pattern, eager, eager, batches)
+    expected = training_loop(pattern, eager, eager, batches, torch.optim.AdamW(eager.parameters(), lr=1e-2))
     with observe() as graphs:
         compiled = torch.compile(model, backend="aotforge", mode="reduce-overhead")
-        got = _run_loop(pattern, model, compiled, batches)
-    _compare(expected, got)
+        got = training_loop(pattern, model, compiled, batches, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    assert_same_loops(got, expected, rtol=1e-4, atol=1e-5)
     # forward and backward: a warm-up, a recording, one more when a caller keeps an output
     assert _replays(graphs) >= (STEPS - 3 if pattern == "append" else STEPS), _records(graphs)
 
@@ -133,12 +101,7 @@ def test_replaced_parameter_and_load_state_dict_assign():
                 state = {k: v.clone() + 0.5 for k, v in eager.state_dict().items()}
                 eager.load_state_dict(state, assign=True)
                 model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
-            want, have = eager(x), compiled(x)
-            torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
-            want.backward()
-            have.backward()
-            for p, q in zip(eager.parameters(), model.parameters()):
-                torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4)
+            _step_both(eager, model, compiled, x)
     assert _replays(graphs) > 0, _records(graphs)
 
 
@@ -201,13 +164,7 @@ def test_dynamic_shapes_record_one_graph_per_shape_and_warn_past_the_limit(monke
     with observe() as graphs, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for size in sizes:
-            x = torch.randn(size, 32, device="cuda")
-            want, have = eager(x), compiled(x)
-            torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
-            want.backward()
-            have.backward()
-    for p, q in zip(eager.parameters(), model.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
+            _step_both(eager, model, compiled, torch.randn(size, 32, device="cuda"))
     limit = [w for w in caught if "input shapes" in str(w.message)]
     assert len(limit) >= 1 and len({str(w.message) for w in limit}) == len(limit), [str(w.message) for w in caught]
     # Dynamo passes unspecialized floats (batch norm's momentum) as 0-d CPU tensors: keyed by value

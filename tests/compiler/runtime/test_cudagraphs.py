@@ -15,6 +15,7 @@ import torch.fx as fx
 
 import aotforge
 from aotforge import aot_module
+from aotforge.testing import LOOP_PATTERNS, assert_same_loops, training_loop
 from aotforge.compiler.runtime import cudagraphs
 from aotforge.compiler.runtime.cudagraphs import (CLONE, COPY, HOLD, POOL, STATIC, CudaGraphs,
                                                    capture_blocker, mutated_inputs)
@@ -375,55 +376,21 @@ def _compiled(model, wrappers):
                       inference_compiler=compiler("inference"), keep_inference_input_mutations=True)
 
 
-def _loop(pattern, model, run, batches):
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    kept, evaluations = [], []
-    for step, (x, x_eval) in enumerate(batches):
-        if pattern == "plain":
-            loss = run(x)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        elif pattern == "accumulate":
-            loss = run(x) / 4
-            loss.backward()
-            if step % 4 == 3:
-                optimizer.step()
-                optimizer.zero_grad()
-        elif pattern == "append":
-            kept.append(run(x).detach())
-        elif pattern == "eval":
-            loss = run(x)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
-            model.eval()
-            with torch.no_grad():
-                evaluations.append(run(x_eval))
-            model.train()
-    grads = [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
-    return kept + evaluations, [p.detach().clone() for p in model.parameters()], grads, \
-        [b.clone() for b in model.buffers()]
-
-
-@pytest.mark.parametrize("pattern", ["plain", "accumulate", "append", "eval"])
+@pytest.mark.parametrize("pattern", LOOP_PATTERNS)
 def test_training_loops_equal_eager(pattern):
     torch.manual_seed(0)
-    batches = [(torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64)) for _ in range(10)]
+    batches = [torch.randn(5, 6, dtype=torch.float64) for _ in range(10)]
     eager_model = Net().double()
     model = Net().double()
     model.load_state_dict(eager_model.state_dict())
     wrappers: list = []
     compiled = _compiled(model, wrappers)
-    expected = _loop(pattern, eager_model, eager_model, batches)
-    got = _loop(pattern, model, compiled, batches)
-    for want_group, got_group in zip(expected, got):
-        assert len(want_group) == len(got_group)
-        for want, have in zip(want_group, got_group):
-            if want is None:
-                assert have is None
-            else:
-                torch.testing.assert_close(have, want)
+
+    def sgd(m):
+        return torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    expected = training_loop(pattern, eager_model, eager_model, batches, sgd(eager_model))
+    got = training_loop(pattern, model, compiled, batches, sgd(model))
+    assert_same_loops(got, expected, rtol=1.3e-6, atol=1e-5)
     replays = sum(w.counts["replays"] for w in wrappers)
     assert replays >= 5, "\n".join(map(str, wrappers))
     if pattern == "accumulate":
