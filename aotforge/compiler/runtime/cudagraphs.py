@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import warnings
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -57,17 +58,17 @@ MAX_RERECORDS = 4
 STATIC, POOL, COPY, VALUE, HOST = "static", "pool", "copy", "value", "host scalar"
 HAND_OUT, HOLD, CLONE = "hand out", "hold", "clone"
 
-# Ops that cannot be captured, with why (keyed by overload packet).
-NOT_CAPTURABLE: dict[Any, str] = {
-    aten._local_scalar_dense: "reads a tensor's value on the host (.item()), which synchronizes",
-    aten.nonzero: "has a data-dependent output shape (nonzero)",
-    aten.masked_select: "has a data-dependent output shape (masked_select)",
-    aten.unique_consecutive: "has a data-dependent output shape (unique_consecutive)",
-    aten._unique2: "has a data-dependent output shape (unique)",
-    aten.equal: "returns a host bool (equal), which synchronizes",
-    aten.is_nonzero: "returns a host bool (is_nonzero), which synchronizes",
-    aten._assert_async: "checks a value on the device with a synchronizing assert",
-}
+# Ops that cannot be captured, with why (keyed by overload packet; names a torch lacks are skipped).
+NOT_CAPTURABLE: dict[Any, str] = {getattr(aten, name): reason for name, reason in (
+    ("_local_scalar_dense", "reads a tensor's value on the host (.item()), which synchronizes"),
+    ("nonzero", "has a data-dependent output shape (nonzero)"),
+    ("masked_select", "has a data-dependent output shape (masked_select)"),
+    ("unique_consecutive", "has a data-dependent output shape (unique_consecutive)"),
+    ("_unique2", "has a data-dependent output shape (unique)"),
+    ("equal", "returns a host bool (equal), which synchronizes"),
+    ("is_nonzero", "returns a host bool (is_nonzero), which synchronizes"),
+    ("_assert_async", "checks a value on the device with a synchronizing assert"),
+) if hasattr(aten, name)}
 # Ops that read or set the generator's state on the host (the "eager" RNG scheme of
 # aot/rng.py): a replay would repeat the recorded state instead of advancing it.
 _RNG_STATE_OPS = ("run_and_save_rng_state", "run_with_rng_state", "dropout_saving_state", "dropout_at_state")
@@ -211,6 +212,7 @@ class Recording:
     static_args: list                    # per input: the tensor the graph reads, or the value
     copies: list                         # (position, static buffer, span copy?) for copy inputs
     static_ptrs: list                    # (position, address) for static inputs
+    address_check: tuple                 # (addresses by position, positions): the same, for one C++ call
     producers: list                      # recordings whose outputs this one reads in place
     outputs: list                        # the graph's outputs (pool memory)
     storages: list                       # (storage handle, use count of ours, output positions)
@@ -231,12 +233,12 @@ class Recording:
                 (f" ({len(self.passed_through)} of them the caller's inputs)" if self.passed_through else ""))
 
 
-# outputs of live recordings by address: inputs found here are read in place ("pool")
-_pool_outputs: dict[int, Recording] = {}
+# outputs of live recordings by address: inputs found here are read in place ("pool"); weak,
+# so that a graph Dynamo dropped takes its recordings' memory with it
+_pool_outputs: "weakref.WeakValueDictionary[int, Recording]" = weakref.WeakValueDictionary()
 
-
-def _use_count(storage: int) -> int:
-    return torch._C._storage_Use_Count(storage)
+# how many references a storage has (ours included): whether a caller still holds an output
+_use_count: Optional[Callable[[int], int]] = getattr(torch._C, "_storage_Use_Count", None)
 
 
 class CudaGraphs:
@@ -385,7 +387,7 @@ class CudaGraphs:
         for producer in recording.producers:
             if not producer.valid:
                 return "re-recorded: the graph producing its inputs was recorded again"
-        if recording.static_ptrs and not _same_addresses(args, recording.static_ptrs):
+        if recording.static_ptrs and not _same_addresses(args, recording):
             moved = [i for i, pointer in recording.static_ptrs if not _at(args[i], pointer)]
             return (f"static input moved: input(s) {moved} changed address (a replaced parameter, "
                     "load_state_dict(assign=True)); recording again")
@@ -479,8 +481,9 @@ class CudaGraphs:
             else:
                 by_storage.setdefault(storage, []).append(position)
         storages = [(storage, _use_count(storage), tuple(positions)) for storage, positions in by_storage.items()]
-        recording = Recording(key, handle, static_args, copies, static_ptrs, producers, outputs, storages,
-                              policy, input_aliases, passed_through, self.kinds.count(POOL))
+        recording = Recording(key, handle, static_args, copies, static_ptrs, _address_check(len(args), static_ptrs),
+                              producers, outputs, storages, policy, input_aliases, passed_through,
+                              self.kinds.count(POOL))
         for positions in by_storage.values():
             for position in positions:
                 _pool_outputs[outputs[position].data_ptr()] = recording
@@ -570,19 +573,23 @@ def _at(value: Any, pointer: int) -> bool:
     return isinstance(value, torch.Tensor) and value.data_ptr() == pointer
 
 
-def _same_addresses(args: list, static_ptrs: list) -> bool:
-    check = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
-    if check is not None:
-        pointers: list = [None] * len(args)
-        indices = []
-        for i, pointer in static_ptrs:
-            pointers[i] = pointer
-            indices.append(i)
+_addresses_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+def _same_addresses(args: list, recording: Recording) -> bool:
+    if _addresses_equal is not None:
         try:
-            return check(args, pointers, indices)
+            return _addresses_equal(args, *recording.address_check)
         except (TypeError, RuntimeError):
             pass
-    return all(_at(args[i], pointer) for i, pointer in static_ptrs)
+    return all(_at(args[i], pointer) for i, pointer in recording.static_ptrs)
+
+
+def _address_check(count: int, static_ptrs: list) -> tuple:
+    pointers: list = [None] * count
+    for i, pointer in static_ptrs:
+        pointers[i] = pointer
+    return pointers, [i for i, _ in static_ptrs]
 
 
 def _span(tensor: torch.Tensor) -> int:
@@ -635,6 +642,10 @@ def wrap(run: Callable[[list], Any], gm: fx.GraphModule, kind: str,
                for v in _values(node.meta.get("val")) if isinstance(v, torch.Tensor)}
     if "cuda" not in devices:
         nothing_to_do_on_cpu()
+        return run
+    if _use_count is None:
+        _warn_once("aotforge: CUDA graphs need torch._C._storage_Use_Count (to tell whether a caller still "
+                   f"holds an output), which torch {torch.__version__} lacks; graphs run as compiled")
         return run
     return CudaGraphs(run, kind, mutated=mutated_inputs(gm), static=static, blocker=capture_blocker(gm))
 

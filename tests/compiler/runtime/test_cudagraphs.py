@@ -439,3 +439,28 @@ def test_config_off_leaves_the_callable_alone():
     assert [str(w.message) for w in caught] == [
         "aotforge: CUDA graphs (mode='reduce-overhead', aotforge.config.cudagraphs) have nothing to do for "
         "graphs on the CPU; they run as compiled"]
+
+
+def test_recordings_go_with_their_graph():
+    import gc
+
+    wrapper, _ = _wrapper(lambda x: (x * 2,))
+    for _ in range(3):
+        wrapper([torch.ones(4)])
+    assert len(cudagraphs._pool_outputs) == 1
+    del wrapper
+    gc.collect()
+    assert len(cudagraphs._pool_outputs) == 0
+
+
+def test_a_re_recorded_producer_drops_the_consumers_reading_its_pool():
+    producer, _ = _wrapper(lambda w, x: (w * x,))
+    consumer = CudaGraphs(boxed(lambda y: (y + 1,)), "backward", capture=SimulatedCapture())
+    weight = torch.nn.Parameter(torch.ones(3))
+    for step in range(4):
+        (y,) = producer([weight, torch.full((3,), float(step))])
+        torch.testing.assert_close(consumer([y])[0], y + 1)
+        del y
+    assert consumer.kinds == [POOL] and len(consumer.recordings) == 1
+    producer([torch.nn.Parameter(torch.ones(3)), torch.ones(3)])  # a moved parameter: re-recorded
+    assert len(consumer.recordings) == 0 and "moved" in str(producer)
