@@ -3,8 +3,8 @@
 
 ``torch.compile(model, backend="aotforge", mode=..., options={...})``:
 
-- ``mode`` maps to config settings (``MODES``); ``"reduce-overhead"`` warns that CUDA graphs
-  are not implemented yet and compiles as ``"default"``.
+- ``mode`` maps to config settings (``MODES``); ``"reduce-overhead"`` turns on CUDA graphs
+  (``config.cudagraphs``; graphs on the CPU have nothing to replay and say so once).
 - ``options`` patches ``aotforge.config`` for this compile only, including the backward that
   compiles later and the compiled graphs' runs; unknown names raise ``config.patch``'s error.
 - Graphs whose inputs all live on the CPU (without ``config.triton_on_cpu``) run un-decomposed
@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
@@ -31,7 +30,7 @@ from .config import config
 # torch.compile's modes -> aotforge.config settings.
 MODES: dict[str, dict[str, Any]] = {
     "default": {},
-    "reduce-overhead": {},  # CUDA graphs: not implemented yet (warns)
+    "reduce-overhead": {"cudagraphs": True},
     "max-autotune": {"autotune": True},
     "max-autotune-no-cudagraphs": {"autotune": True},
 }
@@ -42,12 +41,6 @@ def config_patches(mode: Optional[str], options: Optional[dict]) -> dict[str, An
     if mode is not None and mode not in MODES:
         raise ValueError(
             f"aotforge: unknown torch.compile mode {mode!r}; aotforge supports {sorted(MODES)}"
-        )
-    if mode == "reduce-overhead":
-        warnings.warn(
-            "aotforge: mode='reduce-overhead' asks for CUDA graphs, which aotforge does not "
-            "implement yet; compiling as mode='default' (no CUDA graphs)",
-            stacklevel=2,
         )
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"aotforge: torch.compile options must be a dict, got {type(options).__name__}")
@@ -148,6 +141,10 @@ def aotforge_backend(gm: fx.GraphModule, example_inputs, **kwargs):
                 "exists, and decomposed ATen op by op is slower than eager on CPU "
                 "(config.triton_on_cpu forces the Triton path, for tests)",
             )
+            if config.cudagraphs:
+                from .compiler.runtime.cudagraphs import nothing_to_do_on_cpu
+
+                nothing_to_do_on_cpu()
             return aotforge_eager_backend(gm, example_inputs, options=patches or None)
         return _compile(gm, example_inputs, patches, kwargs)
 

@@ -55,6 +55,10 @@ class Config:
     # Reductions over at most this many elements per row keep the whole row in registers
     # (one pass over memory); longer rows loop over it in blocks.
     persistent_reduction_limit: int = 4096
+    # Replay compiled GPU graphs as CUDA graphs (one recording per input shape), so that
+    # launch-bound steps run at the GPU's speed; mode="reduce-overhead" turns it on
+    # (compiler/runtime/cudagraphs.py). Outputs a caller still holds are never overwritten.
+    cudagraphs: bool = False
     # Reductions over at least this many elements, with few outputs, are split into partial
     # reductions plus a second pass, so that enough programs run in parallel.
     split_reduction_threshold: int = 4096

@@ -316,3 +316,57 @@ def verify_module(
             torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"step {step}, {name}: {m}")
         for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
             torch.testing.assert_close(a.grad, b.grad, rtol=rtol, atol=atol, msg=lambda m: f"step {step}, {name}.grad: {m}")
+
+
+# --- training loops (CUDA graphs' tests: the loops users write, against eager) -----------------
+
+LOOP_PATTERNS = ("plain", "accumulate", "repeat_backward", "append", "eval")
+
+
+def training_loop(pattern: str, model: torch.nn.Module, run: Callable, batches: Sequence[torch.Tensor],
+                  optimizer: torch.optim.Optimizer) -> tuple[list, list, list, list]:
+    """Run one of the loops users write, with ``run`` (the model, eager or compiled); returns
+    (outputs the loop kept, parameters, gradients, buffers) to compare with eager's.
+
+    plain: step and ``zero_grad`` every batch, keeping each loss; accumulate: 4 micro-batches
+    per step; repeat_backward: ``backward()`` only, gradients never reset; append: keep
+    ``run(x).detach()``; eval: a training step, then ``no_grad`` evaluation in eval mode."""
+    kept = []
+    for step, x in enumerate(batches):
+        if pattern == "plain":
+            loss = run(x)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            kept.append(loss)  # a later replay must not change it
+        elif pattern == "accumulate":
+            loss = run(x) / 4
+            loss.backward()
+            if step % 4 == 3:
+                optimizer.step()
+                optimizer.zero_grad()
+        elif pattern == "repeat_backward":
+            run(x).backward()
+        elif pattern == "append":
+            kept.append(run(x).detach())
+        elif pattern == "eval":
+            run(x).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+            model.eval()
+            with torch.no_grad():
+                kept.append(run(x + 1))
+            model.train()
+        else:
+            raise ValueError(f"unknown loop pattern {pattern!r}; known: {LOOP_PATTERNS}")
+    return kept, list(model.parameters()), [p.grad for p in model.parameters()], list(model.buffers())
+
+
+def assert_same_loops(got: tuple, expected: tuple, rtol: float, atol: float) -> None:
+    for got_group, want_group in zip(got, expected):
+        assert len(got_group) == len(want_group)
+        for have, want in zip(got_group, want_group):
+            if want is None:
+                assert have is None
+            else:
+                torch.testing.assert_close(have, want, rtol=rtol, atol=atol)

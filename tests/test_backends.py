@@ -130,11 +130,21 @@ def test_mode_maps_to_config_for_this_compile_only(mode, autotune, monkeypatch):
     assert config.autotune is False  # nothing left behind
 
 
-def test_reduce_overhead_warns_that_cuda_graphs_are_not_built():
+def test_reduce_overhead_turns_on_cuda_graphs_and_says_once_that_cpu_has_none(monkeypatch):
+    from aotforge.compiler.runtime import cudagraphs
+
+    assert backends.config_patches("reduce-overhead", None) == {"cudagraphs": True}
+    monkeypatch.setattr(cudagraphs, "_warned", set())
     torch._dynamo.reset()
     model = torch.nn.Linear(4, 2).double()
-    with pytest.warns(UserWarning, match="reduce-overhead.*CUDA graphs.*not implement"):
-        _train_step(torch.compile(model, backend="aotforge", mode="reduce-overhead"), model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(model, backend="aotforge", mode="reduce-overhead")
+        _train_step(compiled, model)
+        _train_step(compiled, model)
+    messages = [str(w.message) for w in caught if "CUDA graphs" in str(w.message)]
+    assert messages == ["aotforge: CUDA graphs (mode='reduce-overhead', aotforge.config.cudagraphs) have nothing "
+                        "to do for graphs on the CPU; they run as compiled"]
 
 
 def test_unknown_mode_is_rejected():

@@ -33,7 +33,7 @@ from .codegen.triton import emit_kernels
 from .codegen.wrapper import emit_wrapper
 from .decompositions import select_decomposition_table
 from .lowering import lower
-from .runtime import compile_pool, compiled as runtime
+from .runtime import compile_pool, compiled as runtime, cudagraphs
 from .runtime.compiled import CompiledGraph
 from .schedule import analyze_reads, fuse, plan_memory
 from .sizes import SizeVars, UnsupportedSize, size_vars
@@ -100,9 +100,9 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     sizes = _size_vars(gm)                                 # SizeVars: symbols, where each is read
     if not (_wants_triton(gm) and sizes is not None and _is_functional(gm)):
         # FX's generated code: one ATen call per node, frees at last use
-        return _boxed(_aten_graph(kind, gm, clock.timings))
+        return _boxed(_aten_graph(kind, gm, clock.timings), gm)
     try:
-        return _boxed(_compile_to_kernels(kind, gm, sizes, clock))
+        return _boxed(_compile_to_kernels(kind, gm, sizes, clock), gm)
     except Exception as error:  # noqa: BLE001
         if not sizes.dynamic:
             raise
@@ -110,7 +110,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         # kernels, never the user's compile
         log.warning("aotforge: a %s graph with symbolic sizes runs as ATen calls: compiling it failed "
                     "(%s: %s)", kind, type(error).__name__, error)
-        return _boxed(_aten_graph(kind, gm, clock.timings))
+        return _boxed(_aten_graph(kind, gm, clock.timings), gm)
 
 
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
@@ -136,10 +136,13 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
     return compiled
 
 
-def _boxed(compiled: CompiledGraph) -> Callable:
+def _boxed(compiled: CompiledGraph, gm: Optional[fx.GraphModule] = None) -> Callable:
     """The boxed callable handed back to AOT autograd. Its first call also times what happens
     only then (Triton compiles each kernel at its first launch, then autotunes it) and logs
-    the compile-time breakdown."""
+    the compile-time breakdown. With ``config.cudagraphs`` the graph ``gm`` replays as CUDA
+    graphs (``compiled.cudagraphs`` is their record)."""
+    if gm is not None:
+        compiled = cudagraphs.wrap_compiled(compiled, gm)
     state: list[Callable] = []
     scope = debug.current_scope()  # the compile's: the timings below join its artifacts
 

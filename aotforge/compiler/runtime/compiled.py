@@ -39,6 +39,8 @@ class CompiledGraph:
     # seconds the compile pool's workers spent on this graph's kernels (in parallel, so not
     # part of the stages above: compare with pool_wait to see whether the pool kept up)
     pool_seconds: float = 0.0
+    # the CUDA graphs that replay it (runtime/cudagraphs.py), when config.cudagraphs is on
+    cudagraphs: Any = None
 
     @property
     def path(self) -> str:
@@ -81,6 +83,8 @@ class CompiledGraph:
             sections.append(f"## kernels\n{self.kernel_source}")
         if self.program is not None:
             sections.append(f"## wrapper\n{self.program}")
+        if self.cudagraphs is not None:
+            sections.append(f"## CUDA graphs\n{self.cudagraphs}")
         return "\n\n".join(sections)
 
 
