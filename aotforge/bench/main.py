@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
                    help="start nothing new after this many seconds; what is left is SKIPPED")
     p.add_argument("--backend-timeout", type=float, default=None, metavar="SECONDS",
                    help="FAIL a backend that takes longer than this on one workload and mode")
+    p.add_argument("--stabilize", type=float, default=None, metavar="SECONDS",
+                   help="when rows are still NOISY after --repeat rounds, time more rounds for up to this "
+                   "many seconds per workload and mode (default 10; 0: never)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: torch threads, and the process pinned to as many CPUs (default: 1 with --quick, "
                    "whose steps are too small to share; else torch's count, at most the CPUs this process may use)")
@@ -146,6 +149,7 @@ def _cpu_list(cpus: Sequence[int]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
     args = parser().parse_args(argv)
     try:
         workloads = select(load_workloads(), args.suite, args.workloads)
@@ -173,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         float64_reference=args.float64_reference,
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
         backend_timeout=args.backend_timeout,
+        stabilize_s=10.0 if args.stabilize is None else max(0.0, args.stabilize),
     )
     pinned = None
     if device.type == "cpu":
@@ -189,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["cpus"] = None if pinned is None else _cpu_list(pinned)
         busy = _busy_warning(meta["threads"])
         meta["load_average"] = busy[0]
+        meta["cpu_count"] = os.cpu_count()
         if busy[1]:
             print(f"bench: {busy[1]}", file=sys.stderr, flush=True)
     meta.update(dtype=args.dtype, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
@@ -218,11 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{', quick sizes' if args.quick else ''}\n")
     gpu = device.type == "cuda"
     print(report.table(results, bandwidth=gpu))
-    print("\n" + report.LEGEND.format(memory=memory, min_batch_ms=runner.measure.MIN_BATCH_S * 1e3) + (report.LEGEND_BANDWIDTH if gpu else ""))
+    print("\n" + report.LEGEND.format(memory=memory, min_batch_ms=runner.measure.MIN_BATCH_S * 1e3,
+                                      noisy=100 * runner.measure.NOISY_SPREAD) + (report.LEGEND_BANDWIDTH if gpu else ""))
+    summary = report.noisy_summary(results, meta)
+    if summary:
+        print(f"\n{summary}")
     report.write_json(json_path, meta, results)
     written = [str(json_path)]
     chart = json_path.with_suffix(".png")
     if report.write_chart(chart, results, f"{meta.get('gpu', device.type)}, {args.dtype}, torch {meta['torch']}"):
         written.append(str(chart))
-    print(f"\nwrote {', '.join(written)}", file=sys.stderr)
+    print(f"\nwrote {', '.join(written)} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if len(written) == 1:
+        print(f"bench: {report.NO_CHART}", file=sys.stderr)
     return 0
