@@ -25,6 +25,8 @@ import threading
 import warnings
 from typing import Any, Iterator, Optional
 
+from .config import did_you_mean
+
 log = logging.getLogger("aotforge")
 
 # Every topic AOTFORGE_LOG accepts, with what it prints.
@@ -68,16 +70,10 @@ def _enabled_topics() -> frozenset:
         unknown = sorted(topics - set(TOPICS) - {"all"})
         if unknown:
             warn_user(f"AOTFORGE_LOG: unknown topic(s) {unknown}"
-                      f"{_did_you_mean(unknown, TOPICS)}; valid topics: all, "
+                      f"{did_you_mean(unknown, TOPICS)}; valid topics: all, "
                       + ", ".join(sorted(TOPICS)))
         _parsed[raw] = topics
     return topics
-
-
-def _did_you_mean(names, known) -> str:
-    from .config import did_you_mean
-
-    return did_you_mean(list(names), known)
 
 
 def enabled(topic: str) -> bool:
@@ -288,11 +284,16 @@ def user_stacklevel() -> int:
     the outermost frame when every frame is the library's (a backward in autograd's thread)."""
     frame = sys._getframe(2)  # the caller of the function that asks
     level = 2
-    while frame is not None and _is_library_frame(frame.f_code.co_filename):
-        if frame.f_back is None:
-            break
-        frame, level = frame.f_back, level + 1
+    while _is_library_frame(frame.f_code.co_filename) and frame.f_back is not None:
+        frame = frame.f_back
+        # warnings.warn does not count importlib's frames (an import that warns): nor here.
+        if not _is_importlib_frame(frame.f_code.co_filename):
+            level += 1
     return level
+
+
+def _is_importlib_frame(filename: str) -> bool:
+    return "importlib" in filename and "_bootstrap" in filename
 
 
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:

@@ -45,6 +45,7 @@ def test_unknown_topic_warns_at_import():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0
     assert "unknown topic(s) ['graph']" in result.stderr and "graphs" in result.stderr
+    assert result.stderr.startswith("<string>:1: UserWarning"), result.stderr  # the user's import
 
 
 def _topics_used_in_the_package() -> set[str]:

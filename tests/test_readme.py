@@ -41,3 +41,13 @@ def test_readme_python_block_runs_as_written(line, source, capsys):
     torch._dynamo.reset()
     namespace = {"__name__": "__readme__"}
     exec(code, namespace)
+
+
+def test_the_cpu_recipe_asks_for_a_torch_in_the_supported_range():
+    # A CPU torch outside the range would be replaced by `pip install -e .` with the default
+    # (CUDA) wheel: the multi-GB download the recipe is there to avoid.
+    with open(os.path.join(REPO, "pyproject.toml")) as handle:
+        (spec,) = re.findall(r'"torch([<>=!~,.0-9 ]+)"', handle.read())
+    with open(README) as handle:
+        readme = handle.read()
+    assert f'pip install "torch{spec}" --index-url https://download.pytorch.org/whl/cpu' in readme
