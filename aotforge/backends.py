@@ -6,10 +6,13 @@
 - ``mode`` maps to config settings (``MODES``); ``"reduce-overhead"`` warns that CUDA graphs
   are not implemented yet and compiles as ``"default"``.
 - ``options`` patches ``aotforge.config`` for this compile only, including the backward that
-  compiles later and the compiled graphs' runs; unknown names raise ``config.patch``'s error.
+  compiles later and the compiled graphs' runs. Unknown modes and options, and values of the
+  wrong type or range, are rejected inside ``torch.compile()`` itself
+  (``install_compile_time_validation``), with a "did you mean" for near misses.
 - Graphs whose inputs all live on the CPU (without ``config.triton_on_cpu``) run un-decomposed
   as FX graphs through the AOT layer, as eager's kernels are faster than op-by-op decomposed
-  ATen until the CPU code generator exists; the ``compile`` log topic says so once.
+  ATen until the CPU code generator exists: a log line says so once per process, and options
+  and log topics that do nothing there say so once each. Warnings name the user's line.
 - With ``config.verify`` (``AOTFORGE_VERIFY=1``) every compiled graph is checked against plain
   ATen on its real inputs (``aotforge/verify.py``).
 """
@@ -46,7 +49,7 @@ COMPILER_ONLY_OPTIONS: dict[str, str] = {
 }
 
 CPU_NOTICE = ("aotforge: graphs on CPU tensors run as plain ATen calls (eager's own kernels, "
-              "so as fast as eager): aotforge generates kernels for CUDA tensors only, so far. "
+              "about eager's speed): aotforge generates kernels for CUDA tensors only, so far. "
               "Said once per process; AOTFORGE_LOG=compile says it per graph.")
 
 

@@ -39,7 +39,8 @@ TOPICS: dict[str, str] = {
     "output_code": "generated kernels and the wrapper program",
     "compile": "how torch.compile routed each graph (and why nothing was fused on CPU)",
     "compile_time": "seconds per compile stage, per graph",
-    "recompiles": "why a function was compiled again: which part of its input signature changed",
+    "recompiles": "why a function was compiled again: which part of its input signature changed "
+                  "(under torch.compile also Dynamo's guard failure)",
     "verify": "AOTFORGE_VERIFY's comparison of each compiled graph with plain ATen",
 }
 
