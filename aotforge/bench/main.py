@@ -175,9 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup if args.warmup is not None else (1 if args.quick else 3),
         repeat=args.repeat if args.repeat is not None else (10 if args.quick else 20),
         float64_reference=args.float64_reference,
+        stabilize_s=10.0 if args.stabilize is None else max(0.0, args.stabilize),
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
         backend_timeout=args.backend_timeout,
-        stabilize_s=10.0 if args.stabilize is None else max(0.0, args.stabilize),
     )
     pinned = None
     if device.type == "cpu":
@@ -224,16 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{', quick sizes' if args.quick else ''}\n")
     gpu = device.type == "cuda"
     print(report.table(results, bandwidth=gpu))
-    print("\n" + report.LEGEND.format(memory=memory, min_batch_ms=runner.measure.MIN_BATCH_S * 1e3,
-                                      noisy=100 * runner.measure.NOISY_SPREAD) + (report.LEGEND_BANDWIDTH if gpu else ""))
-    summary = report.noisy_summary(results, meta)
-    if summary:
-        print(f"\n{summary}")
+    print("\n" + report.LEGEND.format(memory=memory, min_batch_ms=runner.measure.MIN_BATCH_S * 1e3) + (report.LEGEND_BANDWIDTH if gpu else ""))
     report.write_json(json_path, meta, results)
     written = [str(json_path)]
     chart = json_path.with_suffix(".png")
     if report.write_chart(chart, results, f"{meta.get('gpu', device.type)}, {args.dtype}, torch {meta['torch']}"):
         written.append(str(chart))
+    summary = report.noisy_summary(results, meta)
+    if summary:
+        print(f"\n{summary}")
     print(f"\nwrote {', '.join(written)} in {time.monotonic() - started:.0f} s", file=sys.stderr)
     if len(written) == 1:
         print(f"bench: {report.NO_CHART}", file=sys.stderr)

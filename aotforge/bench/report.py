@@ -69,7 +69,8 @@ LEGEND = (
     "of the first step, compilation included; peak MiB: {memory} over the warm-up steps, less "
     "what it was before this backend's copy of the model was made; graphs: FX graphs Dynamo "
     "compiled (and graph breaks). NOISY (note): the row's times, or its per-round ratio to "
-    "eager or inductor, spread over ±{noisy:.0f}%: not a stable reading on this machine now."
+    f"eager or inductor, spread over ±{100 * NOISY_SPREAD:.0f}%: not a stable reading on this "
+    "machine now."
 )
 LEGEND_BANDWIDTH = (
     " GB/s: the fewest bytes a micro kernel must move per step over its median time, and that "

@@ -58,14 +58,14 @@ class Settings:
     min_warmup_s: float = 0.5
     # Run eager in float64 once per workload to measure eager's own error (widens tolerances).
     float64_reference: bool = True
+    # When rows are still NOISY after ``repeat`` rounds: keep timing rounds for up to this many
+    # seconds more per workload and mode (and up to 3 x repeat rounds in all), until none is.
+    stabilize_s: float = 0.0
     # time.monotonic() after which nothing new starts: the rest is SKIPPED, so that a run
     # under a hard time limit still ends with its table and JSON. None: no limit.
     deadline: float | None = None
     # Seconds one backend may take on one workload (compile, check, timing); None: no limit.
     backend_timeout: float | None = None
-    # When rows are still NOISY after ``repeat`` rounds: keep timing rounds for up to this many
-    # seconds more per workload and mode (and up to 3 x repeat rounds in all), until none is.
-    stabilize_s: float = 0.0
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
