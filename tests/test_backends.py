@@ -139,7 +139,7 @@ def test_mode_maps_to_config_for_this_compile_only(mode, autotune, monkeypatch, 
     assert [s["autotune"] for s in seen] == [autotune, autotune]  # forward and backward
     assert config.autotune is False  # nothing left behind
     # On CPU autotuning does nothing, which the max-autotune modes say once, at the user's line.
-    messages = [(str(w.message), w.filename) for w in caught]
+    messages = [(str(w.message), w.filename) for w in caught if "aotforge" in str(w.message)]
     if autotune:
         assert messages == [(f"aotforge: mode={mode!r} has no effect on CPU tensors: graphs on CPU "
                              "run as eager's ATen calls (no generated reductions to autotune); it "
