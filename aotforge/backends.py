@@ -6,10 +6,13 @@
 - ``mode`` maps to config settings (``MODES``); ``"reduce-overhead"`` turns on CUDA graphs
   (``config.cudagraphs``; graphs on the CPU have nothing to replay and say so once).
 - ``options`` patches ``aotforge.config`` for this compile only, including the backward that
-  compiles later and the compiled graphs' runs; unknown names raise ``config.patch``'s error.
+  compiles later and the compiled graphs' runs. Unknown modes and options, and values of the
+  wrong type or range, are rejected inside ``torch.compile()`` itself
+  (``install_compile_time_validation``), with a "did you mean" for near misses.
 - Graphs whose inputs all live on the CPU (without ``config.triton_on_cpu``) run un-decomposed
   as FX graphs through the AOT layer, as eager's kernels are faster than op-by-op decomposed
-  ATen until the CPU code generator exists; the ``compile`` log topic says so once.
+  ATen until the CPU code generator exists: a log line says so once per process, and options
+  and log topics that do nothing there say so once each. Warnings name the user's line.
 - With ``config.verify`` (``AOTFORGE_VERIFY=1``) every compiled graph is checked against plain
   ATen on its real inputs (``aotforge/verify.py``).
 """
@@ -25,7 +28,7 @@ import torch.fx as fx
 from torch.fx import traceback as fx_traceback
 
 from . import debug
-from .config import config
+from .config import config, config_default, did_you_mean
 
 # torch.compile's modes -> aotforge.config settings.
 MODES: dict[str, dict[str, Any]] = {
@@ -35,12 +38,28 @@ MODES: dict[str, dict[str, Any]] = {
     "max-autotune-no-cudagraphs": {"autotune": True},
 }
 
+# Options that change only the generated code, with what they ask for: graphs on CPU tensors
+# run as eager's ATen calls, where they do nothing (said once per option and process).
+COMPILER_ONLY_OPTIONS: dict[str, str] = {
+    "autotune": "no generated reductions to autotune",
+    "activation_memory_budget": "no min-cut partition to budget: they save what eager saves",
+    "verify": "no generated code to check against ATen",
+    "persistent_reduction_limit": "no generated reductions",
+    "split_reduction_threshold": "no generated reductions",
+}
+
+CPU_NOTICE = ("aotforge: graphs on CPU tensors run as plain ATen calls (eager's own kernels, "
+              "about eager's speed): aotforge generates kernels for CUDA tensors only, so far. "
+              "Said once per process; AOTFORGE_LOG=compile says it per graph.")
+
 
 def config_patches(mode: Optional[str], options: Optional[dict]) -> dict[str, Any]:
-    """The config changes that torch.compile's ``mode`` and ``options`` ask for."""
+    """The config changes that torch.compile's ``mode`` and ``options`` ask for; an unknown
+    mode or option, or a value of the wrong type or range, raises here."""
     if mode is not None and mode not in MODES:
         raise ValueError(
-            f"aotforge: unknown torch.compile mode {mode!r}; aotforge supports {sorted(MODES)}"
+            f"aotforge: unknown torch.compile mode {mode!r}{did_you_mean([mode], MODES)}; "
+            f"aotforge supports {sorted(MODES)}"
         )
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"aotforge: torch.compile options must be a dict, got {type(options).__name__}")
@@ -48,6 +67,71 @@ def config_patches(mode: Optional[str], options: Optional[dict]) -> dict[str, An
     with config.patch(**patches):  # unknown names and unusable values fail here, at once
         pass
     return patches
+
+
+def validate_compile_args(backend: Any) -> None:
+    """Inside ``torch.compile()``: check the ``mode=``/``options=`` it will hand to an aotforge
+    backend at the first call (where an error would come wrapped in Dynamo's "please report"
+    footer). ``backend`` is torch.compile's wrapper of the backend with those arguments."""
+    if not getattr(getattr(backend, "compiler_fn", None), "_aotforge_backend", False):
+        return
+    kwargs = getattr(backend, "kwargs", None) or {}
+    try:
+        config_patches(kwargs.get("mode"), kwargs.get("options"))
+    except (AttributeError, TypeError, ValueError) as error:
+        message = str(error).removeprefix("aotforge: ")
+        raise type(error)(f"torch.compile(backend={backend.compiler_name!r}): {message}") from None
+
+
+def install_compile_time_validation() -> None:
+    """torch.compile builds a wrapper holding the backend and its ``mode``/``options``, then
+    calls ``torch._dynamo.optimize`` with it; Dynamo gives the backend no hook before its first
+    call, so ``torch._dynamo.optimize`` is wrapped (once) to validate aotforge's arguments
+    first. Installed when this module is imported, which Dynamo's entry-point lookup does
+    inside ``torch.compile(backend="aotforge")`` before it calls ``optimize``."""
+    import torch._dynamo as dynamo
+
+    optimize = dynamo.optimize
+    if getattr(optimize, "_aotforge_validates", False):
+        return
+
+    @functools.wraps(optimize)
+    def optimize_validated(*args: Any, **kwargs: Any) -> Any:
+        validate_compile_args(kwargs["backend"] if "backend" in kwargs else (args[0] if args else None))
+        return optimize(*args, **kwargs)
+
+    optimize_validated._aotforge_validates = True  # type: ignore[attr-defined]
+    dynamo.optimize = optimize_validated
+
+
+_noticed: set[str] = set()
+
+
+def _notice_once(key: str, emit: Callable[[], None]) -> None:
+    if key not in _noticed:
+        _noticed.add(key)
+        emit()
+
+
+def _cpu_notices(mode: Optional[str], options: Optional[dict]) -> None:
+    """Graphs on CPU tensors run as ATen calls: say so once per process, and once per option
+    that asks for compiler work there (under the compile's patches)."""
+    _notice_once("cpu", lambda: debug.log.warning(CPU_NOTICE))
+    debug.explain_silent_topics_on_cpu()
+    from_mode = MODES.get(mode or "default", {})
+    for name, what in COMPILER_ONLY_OPTIONS.items():
+        value = getattr(config, name)
+        if value == config_default(name):
+            continue
+        if options and name in options:
+            source = f"options={{{name!r}: {value!r}}}"
+        elif name in from_mode:
+            source = f"mode={mode!r}"
+        else:
+            source = f"aotforge.config.{name}={value!r} (or AOTFORGE_{name.upper()})"
+        _notice_once(f"cpu:{name}", lambda source=source, what=what: debug.warn_user(
+            f"aotforge: {source} has no effect on CPU tensors: graphs on CPU run as eager's ATen "
+            f"calls ({what}); it applies to graphs on CUDA tensors"))
 
 
 def _patched(fn: Callable, patches: dict[str, Any]) -> Callable:
@@ -131,9 +215,11 @@ def aotforge_eager_backend(gm: fx.GraphModule, example_inputs, **kwargs):
 
 def aotforge_backend(gm: fx.GraphModule, example_inputs, **kwargs):
     """The ``aotforge`` backend (``mode=``/``options=`` come from torch.compile)."""
-    patches = config_patches(kwargs.pop("mode", None), kwargs.pop("options", None))
+    mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
+    patches = config_patches(mode, options)
     with config.patch(**patches):
         if _runs_unfused_on_cpu(gm, example_inputs):
+            _cpu_notices(mode, options)
             debug.log_once(
                 "compile", "cpu_unfused",
                 "graphs with CPU inputs run un-decomposed as FX graphs (eager's ATen kernels): "
@@ -177,6 +263,10 @@ def _copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
+aotforge_backend._aotforge_backend = True  # type: ignore[attr-defined]
+aotforge_eager_backend._aotforge_backend = True  # type: ignore[attr-defined]
+
+
 def register_backends() -> None:
     """Register both backends with Dynamo, unless Dynamo is loading them from the package's
     entry points right now (``torch.compile(backend="aotforge")`` without ``import aotforge``:
@@ -192,3 +282,6 @@ def register_backends() -> None:
         if known.get(name) is not None:
             continue  # an entry point Dynamo discovered: it registers the name when it loads it
         registry.register_backend(compiler_fn=fn, name=name)
+
+
+install_compile_time_validation()

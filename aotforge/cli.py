@@ -6,7 +6,8 @@ import importlib
 import sys
 
 COMMANDS = {
-    "demo": ("aotforge.demo", "train a small model eagerly and through aotforge; show graphs"),
+    "demo": ("aotforge.demo", "train a small model eagerly and through torch.compile(backend=\"aotforge\"); "
+                              "compare losses and step times, say what the compiler did"),
     "bench": ("aotforge.bench", "benchmark eager vs torch.compile (inductor) vs aotforge"),
     "explain": ("aotforge.explain", "print a model's exported forward/backward graphs"),
 }

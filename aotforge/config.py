@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import os
 import threading
 from typing import Any, Callable, Iterator
@@ -127,11 +128,50 @@ def _check_triton_on_cpu(value: Any) -> None:
         )
 
 
-# Checks that a value is usable, per field, run on every assignment and patch.
-_VALIDATORS: dict[str, Callable[[Any], None]] = {"triton_on_cpu": _check_triton_on_cpu}
+def _check_budget(value: Any) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f"aotforge.config.activation_memory_budget={value!r}: expected a number from 0 "
+            "(save only the inputs, recompute the rest) to 1 (min-cut optimized for speed)"
+        )
+
+
+# Checks that a value is usable, per field, run on every assignment and patch (after the
+# type check every field gets from its default's type).
+_VALIDATORS: dict[str, Callable[[Any], None]] = {
+    "triton_on_cpu": _check_triton_on_cpu,
+    "activation_memory_budget": _check_budget,
+}
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Config)}
+
+
+def _check_type(name: str, value: Any) -> None:
+    """The value has its field's type: what ``AOTFORGE_<NAME>`` is parsed to from the
+    environment, so that ``options={"autotune": "yes"}`` fails as the environment's "maybe"
+    does instead of being taken as true."""
+    default = _DEFAULTS.get(name, dataclasses.MISSING)
+    if default is None or default is dataclasses.MISSING:
+        return  # no type to check against (a field whose default is None)
+    if isinstance(default, bool):
+        ok, expected = isinstance(value, bool), "True or False"
+    elif isinstance(default, int):
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an int"
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        expected = "a number"
+    elif isinstance(default, str):
+        ok, expected = isinstance(value, str), "a string"
+    else:
+        return
+    if not ok:
+        raise TypeError(
+            f"aotforge.config.{name}={value!r}: expected {expected} (like the default, "
+            f"{default!r}), got {type(value).__name__}"
+        )
 
 
 def _validate(name: str, value: Any) -> None:
+    _check_type(name, value)
     check = _VALIDATORS.get(name)
     if check is not None:
         check(value)
@@ -142,8 +182,23 @@ def _known_fields(changes: dict[str, Any]) -> None:
     unknown = sorted(set(changes) - known)
     if unknown:
         raise AttributeError(
-            f"aotforge.config has no option(s) {unknown}; known options: {sorted(known)}"
+            f"aotforge.config has no option(s) {unknown}{did_you_mean(unknown, known)}; "
+            f"known options: {sorted(known)}"
         )
+
+
+def config_default(name: str) -> Any:
+    """The field's default, before the environment or any patch."""
+    return _DEFAULTS[name]
+
+
+def did_you_mean(names: list[str], known) -> str:
+    """`` (did you mean 'x'?)`` for the first name with a near miss among ``known``."""
+    for name in names:
+        close = difflib.get_close_matches(str(name), sorted(known), n=1)
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    return ""
 
 
 @contextlib.contextmanager

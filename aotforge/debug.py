@@ -15,6 +15,7 @@ scope also keeps the artifacts for ``aotforge.inspect``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -23,6 +24,8 @@ import sys
 import threading
 import warnings
 from typing import Any, Iterator, Optional
+
+from .config import did_you_mean
 
 log = logging.getLogger("aotforge")
 
@@ -36,8 +39,20 @@ TOPICS: dict[str, str] = {
     "output_code": "generated kernels and the wrapper program",
     "compile": "how torch.compile routed each graph (and why nothing was fused on CPU)",
     "compile_time": "seconds per compile stage, per graph",
-    "recompiles": "why a function was compiled again: which part of its input signature changed",
+    "recompiles": "why a function was compiled again: which part of its input signature changed "
+                  "(under torch.compile also Dynamo's guard failure)",
     "verify": "AOTFORGE_VERIFY's comparison of each compiled graph with plain ATen",
+}
+
+# Topics that print nothing for graphs on CPU tensors (they run as eager's ATen calls, which
+# skip the min-cut partitioner and the compiler), with why; said once per topic and process.
+SILENT_ON_CPU: dict[str, str] = {
+    "partition": "they use the default partition (save what eager saves), not min-cut",
+    "lowering": "nothing is lowered",
+    "ir": "nothing is lowered, so there is no loop IR",
+    "output_code": "no kernels or wrapper are generated",
+    "compile_time": "there are no compiler stages to time",
+    "verify": "there is no generated code to check against ATen",
 }
 
 _local = threading.local()
@@ -55,11 +70,9 @@ def _enabled_topics() -> frozenset:
         topics = frozenset(part.strip() for part in raw.split(",") if part.strip())
         unknown = sorted(topics - set(TOPICS) - {"all"})
         if unknown:
-            warnings.warn(
-                f"AOTFORGE_LOG: unknown topic(s) {unknown}; valid topics: all, "
-                + ", ".join(sorted(TOPICS)),
-                stacklevel=3,
-            )
+            warn_user(f"AOTFORGE_LOG: unknown topic(s) {unknown}"
+                      f"{did_you_mean(unknown, TOPICS)}; valid topics: all, "
+                      + ", ".join(sorted(TOPICS)))
         _parsed[raw] = topics
     return topics
 
@@ -228,8 +241,10 @@ def metrics(name: str, values: dict) -> None:
     artifact("compile_time", name, text, suffix=".json")
 
 
-def log_once(topic: str, key: str, message: str) -> None:
+def log_once(topic: str, key: str, message: str, key_per_topic: bool = False) -> None:
     """Print ``message`` under ``topic`` the first time ``key`` is seen in this process."""
+    if key_per_topic:
+        key = f"{topic}:{key}"
     with _lock:
         if key in _logged_once:
             return
@@ -238,6 +253,53 @@ def log_once(topic: str, key: str, message: str) -> None:
         print(f"aotforge {topic}: {message}", file=sys.stderr)
     log.info("%s", message)
     _trace_structured("artifact", f"{topic}_{_safe(key)}", lambda: message)
+
+
+def explain_silent_topics_on_cpu() -> None:
+    """For each enabled topic that prints nothing for CPU graphs: say why, once."""
+    for topic, why in SILENT_ON_CPU.items():
+        if enabled(topic):
+            log_once(topic, "silent_on_cpu", f"nothing to print for graphs on CPU tensors: they "
+                     f"run as eager's ATen calls and {why} (this topic prints for CUDA tensors)",
+                     key_per_topic=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _library_dirs() -> tuple[str, ...]:
+    """aotforge's and torch's folders: frames inside them are never the user's line."""
+    import torch
+
+    return tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, torch.__file__))
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_library_frame(filename: str) -> bool:
+    if filename.startswith("<frozen "):
+        return True  # importlib's bootstrap (an import that warns)
+    return os.path.abspath(filename).startswith(_library_dirs())
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller point at the first
+    frame outside aotforge and torch (the user's line, e.g. the call of a compiled model);
+    the outermost frame when every frame is the library's (a backward in autograd's thread)."""
+    frame = sys._getframe(2)  # the caller of the function that asks
+    level = 2
+    while _is_library_frame(frame.f_code.co_filename) and frame.f_back is not None:
+        frame = frame.f_back
+        # warnings.warn does not count importlib's frames (an import that warns): nor here.
+        if not _is_importlib_frame(frame.f_code.co_filename):
+            level += 1
+    return level
+
+
+def _is_importlib_frame(filename: str) -> bool:
+    return "importlib" in filename and "_bootstrap" in filename
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the user's line rather than aotforge's or torch's."""
+    warnings.warn(message, category, stacklevel=user_stacklevel())
 
 
 _enabled_topics()  # a typo in AOTFORGE_LOG is reported at import, not at the first compile

@@ -232,9 +232,7 @@ class Recorder:
         record.signature_parts = [signature_parts(v) for v in example_inputs]
         record.scope = debug.current_scope()
         if self.records and self.dynamo:
-            compile_id = record.scope.compile_id if record.scope else "?"
-            record.recompile_reason = (f"Dynamo graph {compile_id}: a graph break or a Dynamo "
-                                       "recompile (TORCH_LOGS=recompiles says why)")
+            self._dynamo_recompile(record)
         elif self.records:
             record.recompile_reason = signature_change(self.records[-1], record)
             debug.artifact("recompiles", f"{self.name}_recompile_{record.number}",
@@ -243,6 +241,26 @@ class Recorder:
         self.records.append(record)
         self._current.record = record
         return record
+
+    def _dynamo_recompile(self, record: CompileRecord) -> None:
+        """Under torch.compile a later compile is another graph of the frame (a graph
+        break) or Dynamo compiling the same frame again (its compile id ``frame/n``, n > 0):
+        the second is a recompile, logged with Dynamo's guard failure and what changed in
+        the graph's inputs since that frame's previous compile."""
+        compile_id = record.scope.dynamo_compile_id if record.scope else None
+        frame_id = getattr(compile_id, "frame_id", None)
+        if not getattr(compile_id, "frame_compile_id", 0):
+            record.recompile_reason = (f"Dynamo graph {compile_id}: another graph of "
+                                       f"{self.name} (a graph break)")
+            return
+        previous = [r for r in self.records if r.scope is not None
+                    and getattr(r.scope.dynamo_compile_id, "frame_id", None) == frame_id]
+        changed = signature_change(previous[-1], record) if previous else ""
+        reason = _dynamo_recompile_reason() or "a guard failed (TORCH_LOGS=recompiles says which)"
+        record.recompile_reason = f"Dynamo recompiled {self.name} ({compile_id}): {reason}" + (
+            f"\n  graph inputs: {changed}" if previous else "")
+        debug.artifact("recompiles", f"{self.name}_recompile_{record.number}",
+                       record.recompile_reason, suffix=".txt")
 
     def current(self) -> Optional[CompileRecord]:
         return getattr(self._current, "record", None)
@@ -301,6 +319,18 @@ class Recorder:
             # The partitioner was not wrapped (a custom one under torch.compile): start here.
             record = self.start(list(example_inputs), "training" if kind != "inference" else kind)
         return record
+
+
+def _dynamo_recompile_reason() -> str:
+    """The guard failure that made Dynamo compile the current frame again (Dynamo keeps it
+    in its metrics for the compile in progress; "" where this torch does not)."""
+    try:
+        from torch._dynamo.utils import get_metrics_context
+
+        reason = get_metrics_context()._metrics.get("recompile_reason")
+    except Exception:  # a torch without this (private) record
+        return ""
+    return str(reason).strip() if reason else ""
 
 
 def _value(node: fx.Node) -> Any:

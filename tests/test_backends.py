@@ -116,18 +116,36 @@ def _train_step(compiled, model):
     out.sum().backward()
 
 
+@pytest.fixture
+def fresh_notices(monkeypatch):
+    """The once-per-process notices (and log_once keys) as in a new process."""
+    from aotforge import debug
+
+    monkeypatch.setattr(backends, "_noticed", set())
+    monkeypatch.setattr(debug, "_logged_once", set())
+    return monkeypatch
+
+
 @pytest.mark.parametrize("mode, autotune", [
     ("default", False), ("max-autotune", True), ("max-autotune-no-cudagraphs", True),
 ])
-def test_mode_maps_to_config_for_this_compile_only(mode, autotune, monkeypatch):
+def test_mode_maps_to_config_for_this_compile_only(mode, autotune, monkeypatch, fresh_notices):
     torch._dynamo.reset()
     seen = _spy_eager_compiler(monkeypatch)
     model = torch.nn.Linear(4, 2).double()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no warning for these modes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         _train_step(torch.compile(model, backend="aotforge", mode=mode), model)
     assert [s["autotune"] for s in seen] == [autotune, autotune]  # forward and backward
     assert config.autotune is False  # nothing left behind
+    # On CPU autotuning does nothing, which the max-autotune modes say once, at the user's line.
+    messages = [(str(w.message), w.filename) for w in caught if "aotforge" in str(w.message)]
+    if autotune:
+        assert messages == [(f"aotforge: mode={mode!r} has no effect on CPU tensors: graphs on CPU "
+                             "run as eager's ATen calls (no generated reductions to autotune); it "
+                             "applies to graphs on CUDA tensors", __file__)], messages
+    else:
+        assert messages == []
 
 
 def test_reduce_overhead_turns_on_cuda_graphs_and_says_once_that_cpu_has_none(monkeypatch):
@@ -147,9 +165,47 @@ def test_reduce_overhead_turns_on_cuda_graphs_and_says_once_that_cpu_has_none(mo
                         "to do for graphs on the CPU; they run as compiled"]
 
 
-def test_unknown_mode_is_rejected():
-    with pytest.raises(ValueError, match="unknown torch.compile mode 'fastest'.*max-autotune"):
-        backends.config_patches("fastest", None)
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"mode": "fastest"}, ValueError, r"unknown torch.compile mode 'fastest'; aotforge supports \["),
+    ({"mode": "max-autotun"}, ValueError, r"mode 'max-autotun' \(did you mean 'max-autotune'\?\)"),
+    ({"options": {"not_an_option": 1}}, AttributeError, r"no option\(s\) \['not_an_option'\]; known options"),
+    ({"options": {"autotun": True}}, AttributeError, r"\['autotun'\] \(did you mean 'autotune'\?\)"),
+    ({"options": {"activation_memory_budget": "half"}}, TypeError,
+     r"activation_memory_budget='half': expected a number"),
+    ({"options": {"activation_memory_budget": 1.5}}, ValueError, r"activation_memory_budget=1.5: expected a number from 0"),
+    ({"options": {"autotune": "yes"}}, TypeError, r"autotune='yes': expected True or False"),
+    ({"options": {"verify": 1}}, TypeError, r"verify=1: expected True or False"),
+])
+@pytest.mark.parametrize("backend", ["aotforge", "aotforge_eager"])
+def test_bad_mode_or_option_is_rejected_inside_torch_compile(backend, kwargs, error, message):
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(error, match=message) as caught:
+        torch.compile(model, backend=backend, **kwargs)  # not called: torch.compile itself fails
+    text = str(caught.value)
+    assert text.startswith(f"torch.compile(backend={backend!r}): ") and "report" not in text, text
+    # The backend itself checks too (torch._dynamo.optimize(backend) without torch.compile).
+    with pytest.raises(error, match=message):
+        backends.config_patches(kwargs.get("mode"), kwargs.get("options"))
+
+
+def test_bad_option_is_rejected_inside_torch_compile_without_import():
+    # The first torch.compile(backend="aotforge") of a process loads aotforge from its entry
+    # point, inside torch.compile: the check is in place before torch.compile returns.
+    result = _run_fresh("""
+        import sys, torch
+        try:
+            torch.compile(torch.nn.Linear(2, 2), backend="aotforge", options={"autotune": "yes"})
+        except TypeError as error:
+            print("REJECTED", error)
+        assert "aotforge" in sys.modules
+    """)
+    assert "REJECTED torch.compile(backend='aotforge'): aotforge.config.autotune='yes'" in result.stdout, (
+        result.stdout + result.stderr[-3000:])
+
+
+def test_other_backends_are_untouched_by_the_check():
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="eager", options={"anything": "goes"})
+    assert callable(compiled)
 
 
 def test_options_patch_config_for_that_compile_only(monkeypatch):
@@ -167,15 +223,6 @@ def test_options_patch_config_for_that_compile_only(monkeypatch):
     other = torch.nn.Linear(4, 2).double()
     _train_step(torch.compile(other, backend="aotforge_eager"), other)
     assert seen == [{"autotune": False, "budget": 1.0}] * 2
-
-
-def test_unknown_option_gets_config_patch_error():
-    torch._dynamo.reset()
-    model = torch.nn.Linear(4, 2)
-    with pytest.raises(Exception, match=r"no option\(s\) \['not_an_option'\].*known options"):
-        torch.compile(model, backend="aotforge", options={"not_an_option": 1})(torch.randn(2, 4))
-    with pytest.raises(AttributeError, match=r"no option\(s\) \['not_an_option'\]"):
-        backends.config_patches(None, {"not_an_option": 1})
 
 
 def test_options_reach_the_compiler_on_the_triton_path(monkeypatch):
@@ -226,3 +273,66 @@ def test_cpu_graphs_run_undecomposed_and_the_log_says_why(monkeypatch, capfd):
     assert any("native_layer_norm" in t for t in targets), targets
     assert any("gelu" in t for t in targets), targets
     assert all(part.compiled_graph is None for part in report.records[0].compiled.values())
+
+
+def test_cpu_notice_once_per_process_by_default():
+    # A fresh process, logging left unconfigured (Python's last-resort handler): one line for
+    # two models, several graphs and a recompile.
+    result = _run_fresh("""
+        import torch
+        for width in (4, 5):
+            model = torch.nn.Sequential(torch.nn.Linear(width, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+            compiled = torch.compile(model, backend="aotforge")
+            for batch in (2, 3):
+                compiled(torch.randn(batch, width)).sum().backward()
+        print("OK")
+    """)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "aotforge" in line]
+    assert lines == [backends.CPU_NOTICE], result.stderr
+
+
+@pytest.mark.parametrize("options, source", [
+    ({"activation_memory_budget": 0.5}, "options={'activation_memory_budget': 0.5}"),
+    ({"verify": True}, "options={'verify': True}"),
+    ({"persistent_reduction_limit": 64}, "options={'persistent_reduction_limit': 64}"),
+])
+def test_options_that_do_nothing_on_cpu_say_so_once_at_the_users_line(options, source, fresh_notices):
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).double()
+    compiled = torch.compile(model, backend="aotforge", options=options)
+    with pytest.warns(UserWarning) as caught:
+        _train_step(compiled, model)
+        _train_step(compiled, model)
+    messages = [str(w.message) for w in caught if "aotforge" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(f"aotforge: {source} has no effect on CPU tensors"), messages
+    assert "applies to graphs on CUDA tensors" in messages[0]
+    assert [w.filename for w in caught if "aotforge" in str(w.message)] == [__file__]
+
+
+def test_global_option_that_does_nothing_on_cpu_names_its_environment_variable(fresh_notices):
+    torch._dynamo.reset()
+    model = torch.nn.Linear(4, 2).double()
+    with config.patch(verify=True), pytest.warns(UserWarning, match=r"aotforge.config.verify=True "
+                                                 r"\(or AOTFORGE_VERIFY\) has no effect on CPU"):
+        _train_step(torch.compile(model, backend="aotforge"), model)
+
+
+def test_log_topics_silent_on_cpu_say_why_once(fresh_notices, capfd):
+    from aotforge import debug
+
+    fresh_notices.setattr(debug, "_parsed", {})
+    fresh_notices.setenv("AOTFORGE_LOG", "ir,output_code,lowering,partition,compile_time,verify,graphs")
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).double()
+    compiled = torch.compile(model, backend="aotforge")
+    _train_step(compiled, model)
+    _train_step(compiled, model)
+    err = capfd.readouterr().err
+    for topic in debug.SILENT_ON_CPU:
+        said = f"aotforge {topic}: nothing to print for graphs on CPU tensors"
+        assert err.count(said) == 1, (topic, err[-3000:])
+        assert f"===== aotforge {topic}:" not in err  # the claim holds: nothing else printed
+    assert "===== aotforge graphs:" in err  # a topic that prints on CPU prints, unexplained
+    assert "aotforge graphs: nothing to print" not in err

@@ -89,14 +89,20 @@ def by_key(results):
     return {(r["workload"], r["mode"], r["backend"]): r for r in results}
 
 
-def test_quick_cpu_smoke_run(tmp_path, capsys):
+def test_quick_cpu_smoke_run(tmp_path, capsys, monkeypatch):
     """The CI smoke run: one small workload, both modes, a correct, a wrong and a failing backend."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed: the run says so
     path = tmp_path / "bench.json"
     backends = "eager,bench_test_fx,bench_test_wrong_forward,bench_test_wrong_backward,bench_test_failing"
     code = main(["--quick", "--device", "cpu", "--workloads", "mlp", "--backends", backends,
-                 "--repeat", "3", "--json", str(path)])
+                 "--repeat", "3", "--stabilize", "0", "--json", str(path)])
     assert code == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "no chart written: it needs matplotlib, which the `bench` extra installs" in captured.err
+    assert not path.with_suffix(".png").exists()
     assert "| workload | mode | backend | status | median ms | spread | speedup | vs inductor |" in out
     assert "GB/s" not in out  # no bandwidth on CPU
     assert re.search(r"\| mlp \| train \| eager \| OK \| [0-9.]+ \| ±\d+% \|", out), out
@@ -442,3 +448,65 @@ def test_a_compile_inside_a_timed_round_is_noted_on_the_row(monkeypatch):
     assert flaky.result.status == "OK" and flaky.result.reason == "Dynamo recompiled while it was timed"
     assert steady.result.reason == ""
     counters.clear()
+
+
+# --- noisy rows: more rounds within --stabilize, then flagged -----------------------------------
+
+
+def test_noisy_rows_get_more_rounds_until_stable(monkeypatch):
+    clock, log = FakeTime(), []
+    monkeypatch.setattr(measure, "time", clock)
+    monkeypatch.setattr(runner, "time", clock)
+    # Rounds 1-3 disagree wildly (a busy machine); from round 4 on both are steady.
+    eager = live("eager", scripted_step(clock, [9, 2, 20, 2] + [2] * 20, log, "e"))
+    other = live("aotforge", scripted_step(clock, [9, 1, 1, 10] + [1] * 20, log, "a"))
+    settings = runner.Settings(torch.device("cpu"), torch.float32, repeat=3, stabilize_s=60)
+    runner.time_rounds([eager, other], settings)
+    rounds = len(eager.result.times_ms)
+    assert 3 < rounds <= 9, rounds  # extra rounds, at most 3 x repeat
+    assert eager.result.noisy == "" and other.result.noisy == ""
+    # Stopped at the first round where no row was noisy any more: one round fewer still was.
+    shorter = [live(b.result.backend, None) for b in (eager, other)]
+    for entry, full in zip(shorter, (eager, other)):
+        entry.result.times_ms = full.result.times_ms[:-1]
+    assert runner.noise(shorter)
+
+
+def test_rows_still_noisy_when_the_budget_ends_are_flagged(monkeypatch):
+    clock, log = FakeTime(), []
+    monkeypatch.setattr(measure, "time", clock)
+    monkeypatch.setattr(runner, "time", clock)
+    costs = [9] + [2, 20, 2, 30] * 10
+    eager = live("eager", scripted_step(clock, costs, log, "e"))
+    other = live("aotforge", scripted_step(clock, [9] + [1] * 40, log, "a"))
+    settings = runner.Settings(torch.device("cpu"), torch.float32, repeat=4, stabilize_s=60)
+    runner.time_rounds([eager, other], settings)
+    assert len(eager.result.times_ms) == 12  # 3 x repeat: the most rounds it takes
+    assert eager.result.noisy.startswith("NOISY over 12 rounds: times vary ±"), eager.result.noisy
+    assert "ratio to eager varies" in other.result.noisy, other.result.noisy
+    results = [eager.result, other.result]
+    runner.add_ratios(results, runner.Case(torch.nn.Identity(), ()), torch.float32, None)
+    table = report.table(results, bandwidth=False)
+    assert re.search(r"\| w \| infer \| eager \| OK \|.*\| NOISY over 12 rounds: times vary ±\d+% \|", table), table
+    summary = report.noisy_summary(results, {"load_average": 9.5, "cpu_count": 2})
+    assert summary.startswith("2 of 2 timed rows are NOISY (load average 9.5 on 2 CPUs at the start)")
+    # Without --stabilize no extra round is taken.
+    clock2, log2 = FakeTime(), []
+    monkeypatch.setattr(measure, "time", clock2)
+    monkeypatch.setattr(runner, "time", clock2)
+    eager = live("eager", scripted_step(clock2, costs, log2, "e"))
+    other = live("aotforge", scripted_step(clock2, [9] + [1] * 40, log2, "a"))
+    runner.time_rounds([eager, other], runner.Settings(torch.device("cpu"), torch.float32, repeat=4))
+    assert len(eager.result.times_ms) == 4 and eager.result.noisy
+
+
+def test_extra_rounds_stop_when_the_stabilize_budget_is_spent(monkeypatch):
+    clock, log = FakeTime(), []
+    monkeypatch.setattr(measure, "time", clock)
+    monkeypatch.setattr(runner, "time", clock)
+    costs = [9] + [200, 2000, 200, 3000] * 10  # steps of seconds: the budget ends first
+    eager = live("eager", scripted_step(clock, costs, log, "e"))
+    other = live("aotforge", scripted_step(clock, [9] + [100] * 40, log, "a"))
+    settings = runner.Settings(torch.device("cpu"), torch.float32, repeat=4, stabilize_s=5)
+    runner.time_rounds([eager, other], settings)
+    assert 4 < len(eager.result.times_ms) < 12 and eager.result.noisy

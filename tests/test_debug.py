@@ -30,8 +30,10 @@ def fresh_log(monkeypatch):
 
 def test_unknown_topic_warns_and_lists_the_valid_ones(fresh_log):
     fresh_log.setenv("AOTFORGE_LOG", "graph,partition")
-    with pytest.warns(UserWarning, match=r"unknown topic\(s\) \['graph'\]; valid topics: all, .*graphs"):
+    with pytest.warns(UserWarning, match=r"unknown topic\(s\) \['graph'\] \(did you mean 'graphs'\?\); "
+                                         r"valid topics: all, .*graphs") as caught:
         assert debug.enabled("partition")
+    assert caught[0].filename == __file__  # the user's line, not aotforge's
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per value, not at every artifact
         assert not debug.enabled("graphs")
@@ -43,6 +45,7 @@ def test_unknown_topic_warns_at_import():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0
     assert "unknown topic(s) ['graph']" in result.stderr and "graphs" in result.stderr
+    assert result.stderr.startswith("<string>:1: UserWarning"), result.stderr  # the user's import
 
 
 def _topics_used_in_the_package() -> set[str]:
@@ -83,6 +86,56 @@ def test_recompiles_say_which_part_of_the_signature_changed(fresh_log, capfd):
     assert [r.recompile_reason.split(";")[0] for r in records[1:]] == [
         "input 0 shape (3,) -> (4,)", "input 0 dtype torch.float32 -> torch.float64",
         "training -> inference graph (grad mode or requires_grad changed)"]
+
+
+def test_recompiles_print_under_torch_compile_when_dynamo_recompiles(fresh_log, capfd):
+    fresh_log.setenv("AOTFORGE_LOG", "recompiles")
+    torch._dynamo.reset()
+
+    def f(x, scale):
+        return (x.sin() * scale).sum()
+
+    compiled = torch.compile(f, backend="aotforge")
+    for x, scale in ((torch.randn(3, requires_grad=True), 2),   # first compile
+                     (torch.randn(3, requires_grad=True), 2),   # cached: nothing printed
+                     (torch.randn(3, requires_grad=True), 3),   # Dynamo recompiles: scale
+                     (torch.randn(3, dtype=torch.float64, requires_grad=True), 3)):  # dtype
+        out = compiled(x, scale)
+        torch.testing.assert_close(out, f(x, scale))
+        out.backward()
+    err = capfd.readouterr().err
+    assert err.count("===== aotforge recompiles:") == 2, err
+    assert re.search(r"Dynamo recompiled \S*\bf \(0/1\): .*scale == 2", err), err
+    assert re.search(r"Dynamo recompiled \S*\bf \(0/2\): .*dtype mismatch", err), err
+    assert "graph inputs: input 0 dtype torch.float32 -> torch.float64" in err, err
+    records = aotforge.inspect(compiled).records
+    assert [r.recompile_reason.startswith("Dynamo recompiled") for r in records] == [False, True, True]
+
+
+def test_a_graph_break_is_not_a_recompile(fresh_log, capfd):
+    fresh_log.setenv("AOTFORGE_LOG", "recompiles")
+    torch._dynamo.reset()
+
+    def g(x):
+        y = x.cos()
+        torch._dynamo.graph_break()
+        return y.exp().sum()
+
+    torch.compile(g, backend="aotforge")(torch.randn(3, requires_grad=True)).backward()
+    assert "aotforge recompiles" not in capfd.readouterr().err
+
+
+def test_warnings_point_at_the_users_line():
+    # Frames inside the package (a function in a file under aotforge/) and torch's (tree_map)
+    # are skipped: the warning names the first frame outside both, this file's line.
+    code = compile("from aotforge import debug\ndef deep(_):\n    debug.warn_user('aotforge: test notice')\n",
+                   os.path.join(PACKAGE, "fake_module.py"), "exec")
+    namespace: dict = {}
+    exec(code, namespace)
+    with pytest.warns(UserWarning, match="test notice") as caught:
+        line = sys._getframe().f_lineno + 1
+        torch.utils._pytree.tree_map(namespace["deep"], [1])
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
 
 
 def test_cache_limit_error_points_at_the_recompile_log():

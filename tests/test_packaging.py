@@ -50,4 +50,7 @@ def test_demo_runs_on_cpu_without_triton():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "aotforge" in result.stdout
-    assert "triton" not in result.stderr.lower()
+    # Nothing of aotforge's asks for Triton. (A CUDA build of torch without Triton says that its
+    # flop counter cannot count Triton kernels when torch.compile imports it: torch's, not ours.)
+    lines = [line for line in result.stderr.lower().splitlines() if "triton" in line]
+    assert all("flop counting will not work" in line for line in lines), result.stderr

@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
                    help="start nothing new after this many seconds; what is left is SKIPPED")
     p.add_argument("--backend-timeout", type=float, default=None, metavar="SECONDS",
                    help="FAIL a backend that takes longer than this on one workload and mode")
+    p.add_argument("--stabilize", type=float, default=None, metavar="SECONDS",
+                   help="when rows are still NOISY after --repeat rounds, time more rounds for up to this "
+                   "many seconds per workload and mode (default 10; 0: never)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: torch threads, and the process pinned to as many CPUs (default: 1 with --quick, "
                    "whose steps are too small to share; else torch's count, at most the CPUs this process may use)")
@@ -152,6 +155,7 @@ def _cpu_list(cpus: Sequence[int]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
     args = parser().parse_args(argv)
     try:
         workloads = select(load_workloads(), args.suite, args.workloads)
@@ -177,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup if args.warmup is not None else (1 if args.quick else 3),
         repeat=args.repeat if args.repeat is not None else (10 if args.quick else 20),
         float64_reference=args.float64_reference,
+        stabilize_s=10.0 if args.stabilize is None else max(0.0, args.stabilize),
         deadline=None if args.time_budget is None else time.monotonic() + args.time_budget,
         backend_timeout=args.backend_timeout,
         profile=args.profile,
@@ -197,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["cpus"] = None if pinned is None else _cpu_list(pinned)
         busy = _busy_warning(meta["threads"])
         meta["load_average"] = busy[0]
+        meta["cpu_count"] = os.cpu_count()
         if busy[1]:
             print(f"bench: {busy[1]}", file=sys.stderr, flush=True)
     meta.update(dtype=args.dtype, autocast=args.autocast, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
@@ -235,5 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     chart = json_path.with_suffix(".png")
     if report.write_chart(chart, results, f"{meta.get('gpu', device.type)}, {args.dtype}, torch {meta['torch']}"):
         written.append(str(chart))
-    print(f"\nwrote {', '.join(written)}", file=sys.stderr)
+    summary = report.noisy_summary(results, meta)
+    if summary:
+        print(f"\n{summary}")
+    print(f"\nwrote {', '.join(written)} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if len(written) == 1:
+        print(f"bench: {report.NO_CHART}", file=sys.stderr)
     return 0

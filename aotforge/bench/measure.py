@@ -223,6 +223,27 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+# A row whose rounds disagree by more than this (spread over its median) is flagged NOISY: its
+# times, or its ratio to another row, are not a stable reading on this machine now.
+NOISY_SPREAD = 0.15
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """Half the interquartile range over the median, as a fraction: how much the repeats
+    of one row disagree (0.05 reads as +-5%)."""
+    if len(values) < 2:
+        return None
+    ordered = sorted(values)
+
+    def quantile(q: float) -> float:
+        position = q * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    middle = quantile(0.5)
+    return (quantile(0.75) - quantile(0.25)) / 2 / middle if middle else None
+
+
 def current_bytes(device: torch.device) -> int | None:
     """Memory in use now: ``torch.cuda.memory_allocated`` on CUDA, resident set size on the CPU
     (None where it cannot be read)."""

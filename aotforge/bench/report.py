@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from aotforge.bench.measure import NOISY_SPREAD, spread
 from aotforge.bench.runner import Result
 
 COLUMNS = (
@@ -14,21 +15,6 @@ COLUMNS = (
     "first call s", "peak MiB", "graphs", "GB/s (of copy)", "note",
 )
 BANDWIDTH = "GB/s (of copy)"  # left out on CPU: a copy there is no ceiling for a step's bytes
-
-
-def spread(times_ms: Sequence[float]) -> float | None:
-    """Half the interquartile range over the median, as a fraction: how much the repeats
-    of one row disagree (0.05 reads as +-5%)."""
-    if len(times_ms) < 2:
-        return None
-    ordered = sorted(times_ms)
-    def quantile(q: float) -> float:
-        position = q * (len(ordered) - 1)
-        low = int(position)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-    middle = quantile(0.5)
-    return (quantile(0.75) - quantile(0.25)) / 2 / middle if middle else None
 
 
 def _number(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -57,7 +43,7 @@ def _row(result: Result) -> list[str]:
         "" if spread(result.times_ms) is None else f"±{100 * spread(result.times_ms):.0f}%",
         _ratio(result.speedup), _ratio(result.vs_inductor), _number(result.compile_s, 1 if (result.compile_s or 0) >= 1 else 2),
         _number(None if result.peak_bytes is None else result.peak_bytes / 2**20, 0),
-        graphs, bandwidth, result.reason.replace("|", "/"),
+        graphs, bandwidth, "; ".join(filter(None, [result.noisy, result.reason])).replace("|", "/"),
     ]
 
 
@@ -82,12 +68,28 @@ LEGEND = (
     "inductor: the same against inductor (>1 is faster than inductor); first call s: wall time "
     "of the first step, compilation included; peak MiB: {memory} over the warm-up steps, less "
     "what it was before this backend's copy of the model was made; graphs: FX graphs Dynamo "
-    "compiled (and graph breaks)."
+    "compiled (and graph breaks). NOISY (note): the row's times, or its per-round ratio to "
+    f"eager or inductor, spread over ±{100 * NOISY_SPREAD:.0f}%: not a stable reading on this "
+    "machine now."
 )
 LEGEND_BANDWIDTH = (
     " GB/s: the fewest bytes a micro kernel must move per step over its median time, and that "
     "as a share of a device-to-device copy's bandwidth."
 )
+
+
+def noisy_summary(results: Sequence[Result], meta: dict[str, Any]) -> str:
+    """One line on the NOISY rows and what to do; "" when there are none."""
+    noisy = [r for r in results if r.noisy]
+    if not noisy:
+        return ""
+    timed = sum(1 for r in results if r.median_ms is not None)
+    load = meta.get("load_average")
+    busy = f" (load average {load:g} on {meta.get('cpu_count', '?')} CPUs at the start)" if load is not None else ""
+    return (f"{len(noisy)} of {timed} timed rows are NOISY{busy}: their rounds disagree by more than "
+            f"±{100 * NOISY_SPREAD:.0f}% even after the extra rounds --stabilize allowed; read their "
+            "times and ratios as rough. A quieter machine, more --repeat or a longer --stabilize "
+            "gives steadier numbers.")
 
 
 def write_json(path: Path, meta: dict[str, Any], results: Sequence[Result]) -> None:
@@ -105,6 +107,10 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(item) for item in value]
     return value
+
+
+NO_CHART = ("no chart written: it needs matplotlib, which the `bench` extra installs "
+            "(pip install -e \".[bench]\")")
 
 
 def write_chart(path: Path, results: Sequence[Result], title: str) -> bool:

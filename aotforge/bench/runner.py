@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import itertools
 import sys
 import time
 import traceback
@@ -57,6 +58,9 @@ class Settings:
     min_warmup_s: float = 0.5
     # Run eager in float64 once per workload to measure eager's own error (widens tolerances).
     float64_reference: bool = True
+    # When rows are still NOISY after ``repeat`` rounds: keep timing rounds for up to this many
+    # seconds more per workload and mode (and up to 3 x repeat rounds in all), until none is.
+    stabilize_s: float = 0.0
     # time.monotonic() after which nothing new starts: the rest is SKIPPED, so that a run
     # under a hard time limit still ends with its table and JSON. None: no limit.
     deadline: float | None = None
@@ -91,6 +95,9 @@ class Result:
     batch: int | None = None  # steps per timed batch, the median over rounds (>1 for short steps)
     speedup: float | None = None  # median over rounds of eager's time / this one's
     vs_inductor: float | None = None  # median over rounds of inductor's time / this one's
+    # Why the row is not a stable reading (its rounds, or its ratios' rounds, spread over
+    # measure.NOISY_SPREAD); "" when it is.
+    noisy: str = ""
     gbps: float | None = None  # micro kernels: achieved bandwidth
     copy_fraction: float | None = None  # ... over a device-to-device copy's
     traceback: str = ""
@@ -350,7 +357,15 @@ def time_rounds(live: list[Live], settings: Settings) -> None:
     from torch._dynamo.utils import counters
 
     live = list(live)
-    for index in range(settings.repeat + 1):
+    extra_until = None
+    for index in itertools.count():
+        if index > settings.repeat:
+            # Enough rounds, unless some rows are still noisy and there is time for more.
+            if not settings.stabilize_s or index > 3 * settings.repeat or not noise(live):
+                break
+            extra_until = extra_until or time.monotonic() + settings.stabilize_s
+            if time.monotonic() > extra_until:
+                break
         if index > 1 and settings.out_of_time():
             for entry in live:
                 entry.result.reason = f"{index - 1} of {settings.repeat} rounds: {OUT_OF_TIME}"
@@ -377,8 +392,35 @@ def time_rounds(live: list[Live], settings: Settings) -> None:
     for entry in live:
         entry.result.median_ms = measure.median(entry.result.times_ms)
         entry.result.batch = round(measure.median(entry.steps))
+        entry.result.noisy = noise(live).get(entry, "")
         if entry.recompiled:  # its times include a compile: say so rather than hide it
             entry.result.reason = "; ".join(filter(None, [entry.result.reason, "Dynamo recompiled while it was timed"]))
+
+
+def round_ratios(reference_ms: Sequence[float], times_ms: Sequence[float]) -> list[float]:
+    """``reference / time`` within each round: a round's two times were taken seconds apart
+    on the same machine, so a slow spell divides out."""
+    return [ref / time for ref, time in zip(reference_ms, times_ms) if ref > 0 and time > 0]
+
+
+def noise(live: list[Live]) -> dict[Live, str]:
+    """The live rows that are not a stable reading yet, with why: their rounds spread over
+    ``measure.NOISY_SPREAD``, or their per-round ratio to eager or inductor does."""
+    by_backend = {entry.result.backend: entry.result.times_ms for entry in live}
+    noisy = {}
+    for entry in live:
+        reasons = []
+        own = measure.spread(entry.result.times_ms)
+        if own is not None and own > measure.NOISY_SPREAD:
+            reasons.append(f"times vary ±{100 * own:.0f}%")
+        for reference in ("eager", "inductor"):
+            if reference in by_backend and reference != entry.result.backend:
+                ratio = measure.spread(round_ratios(by_backend[reference], entry.result.times_ms))
+                if ratio is not None and ratio > measure.NOISY_SPREAD:
+                    reasons.append(f"ratio to {reference} varies ±{100 * ratio:.0f}%")
+        if reasons:
+            noisy[entry] = f"NOISY over {len(entry.result.times_ms)} rounds: " + ", ".join(reasons)
+    return noisy
 
 
 # --- the whole run ------------------------------------------------------------------------------
@@ -450,9 +492,8 @@ def describe(result: Result) -> str:
 
 
 def paired_ratio(reference_ms: Sequence[float], times_ms: Sequence[float]) -> float | None:
-    """The median over rounds of ``reference / time`` within each round: a round's two times
-    were taken seconds apart on the same machine, so a slow spell divides out."""
-    ratios = [ref / time for ref, time in zip(reference_ms, times_ms) if ref > 0 and time > 0]
+    """The median over rounds of ``reference / time`` within each round (``round_ratios``)."""
+    ratios = round_ratios(reference_ms, times_ms)
     return measure.median(ratios) if ratios else None
 
 

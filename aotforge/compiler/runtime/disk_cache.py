@@ -21,9 +21,9 @@ import os
 import stat
 import tempfile
 import threading
-import warnings
 from typing import Any, Optional, Sequence
 
+from ... import debug
 from ...config import config
 
 # Bumped when the layout of an entry changes: older entries then stop verifying.
@@ -47,8 +47,8 @@ def warn_bad_entry(path: str, why: str) -> None:
         if path in _warned:
             return
         _warned.add(path)
-    warnings.warn(f"aotforge: ignoring the cache entry {path} ({why}); it is rebuilt",
-                  CacheEntryWarning, stacklevel=3)
+    debug.warn_user(f"aotforge: ignoring the cache entry {path} ({why}); it is rebuilt",
+                    CacheEntryWarning)
 
 
 def digest(text: str | bytes) -> str:

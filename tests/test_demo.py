@@ -1,0 +1,39 @@
+"""``python -m aotforge demo``: trains through torch.compile(backend="aotforge"), and says
+what it compared and what the compiler did."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import aotforge
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(aotforge.__file__)))
+
+
+def test_demo_compares_losses_and_says_what_aotforge_did():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON", "AOTFORGE"))}
+    env["PYTHONPATH"] = REPO
+    result = subprocess.run([sys.executable, "-m", "aotforge", "demo", "--steps", "4", "--graphs"],
+                            env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr[-3000:]
+    assert 'torch.compile(model, backend="aotforge")' in out
+    # Both losses per step, side by side, and equal within float32's tolerance.
+    rows = re.findall(r"^\s+(\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+\S+$", out, re.MULTILINE)
+    assert [int(r[0]) for r in rows] == [0, 1, 2, 3], out
+    assert all(abs(float(a) - float(b)) <= 1e-4 * float(a) for _, a, b in rows), rows
+    assert float(rows[-1][1]) < float(rows[0][1])  # it trains
+    assert "losses match" in out
+    # What the compiler did: the Dynamo graph, its forward and backward, why no kernels.
+    assert "Dynamo graphs compiled: 1" in out
+    assert re.search(r"graph 0 forward\s+\d+ ATen ops -> no kernels: on CPU", out), out
+    assert re.search(r"graph 0 backward\s+\d+ ATen ops -> no kernels: on CPU", out), out
+    assert re.search(r"compile time: the first step took \d+\.\d+ s", out), out
+    assert re.search(r"eager\s+\d+\.\d+ ms", out) and re.search(r"aotforge\s+\d+\.\d+ ms", out)
+    # --graphs: the captured graphs, as the first demo printed them.
+    assert "===== graph 0: forward =====" in out and "===== graph 0: backward =====" in out
+    assert "torch.ops.aten.native_layer_norm" in out
+    # The CPU notice, once, on stderr.
+    assert result.stderr.count("graphs on CPU tensors run as plain ATen calls") == 1, result.stderr
