@@ -20,6 +20,10 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
+# Triton decides whether to interpret a kernel when it is defined: the ranks (which inherit
+# this environment) must have it before anything imports triton.language
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 WORLD_SIZE = 2
 # a rank that waits longer than this in a collective fails instead of hanging the suite
 COLLECTIVE_TIMEOUT = timedelta(seconds=120)
@@ -39,9 +43,6 @@ def _dumps(value: Any) -> bytes:
 
 def _serve(rank: int, world_size: int, port: int, jobs: Any, results: Any) -> None:
     """A rank's loop: join the gloo group, then run jobs until told to stop (``None``)."""
-    # Triton's interpreter must be chosen before triton.language is imported; the Triton
-    # path is then switched on per job (config.triton_on_cpu)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
     torch.set_num_threads(1)  # two ranks share the machine's cores
     import torch.distributed as dist
 

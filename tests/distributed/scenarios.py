@@ -6,14 +6,14 @@ training run, the loss of every step and the final full parameters, for the test
 from __future__ import annotations
 
 import contextlib
-import copy
+import importlib.util
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 import aotforge
 import aotforge.backends
@@ -25,66 +25,21 @@ DDP_DIM = 128
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int, dropout: float):
-        super().__init__()
-        self.head_dim, self.dropout = dim // heads, dropout
-        self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq = x.shape[:2]
-        # -1 heads: under tensor parallelism each rank holds some of them
-        q, k, v = (p(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = F.dropout(y, self.dropout, self.training)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
+def _load_example():
+    """examples/ddp_fsdp.py, whose model and tensor-parallel plan the tests train."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "ddp_fsdp.py"
+    spec = importlib.util.spec_from_file_location("aotforge_example_ddp_fsdp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class MLP(nn.Module):
-    def __init__(self, dim: int, dropout: float):
-        super().__init__()
-        self.up, self.down, self.dropout = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim), dropout
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(self.down(F.gelu(self.up(x))), self.dropout, self.training)
+example = _load_example()
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0, checkpointed: bool = False):
-        super().__init__()
-        self.attention_norm, self.attention = nn.LayerNorm(dim), Attention(dim, heads, dropout)
-        self.mlp_norm, self.mlp = nn.LayerNorm(dim), MLP(dim, dropout)
-        self.checkpointed = checkpointed
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.checkpointed:
-            return checkpoint(self._forward, x, use_reentrant=False)
-        return self._forward(x)
-
-
-class Transformer(nn.Module):
-    def __init__(self, vocab: int = VOCAB, dim: int = DIM, heads: int = HEADS, blocks: int = BLOCKS,
-                 dropout: float = 0.0, checkpointed: bool = False):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, dropout, checkpointed) for _ in range(blocks))
-        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embedding(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
-def make_model(dtype: torch.dtype, **options: Any) -> Transformer:
+def make_model(dtype: torch.dtype, dim: int = DIM, dropout: float = 0.0, checkpointed: bool = False) -> nn.Module:
     torch.manual_seed(0)  # every rank and every run starts from the same weights
-    return Transformer(**options).to(dtype)
+    return example.Transformer(VOCAB, dim, HEADS, BLOCKS, dropout, checkpointed).to(dtype)
 
 
 def make_batches(same_on_every_rank: bool, steps: int = STEPS, micro: int = 1) -> list:
@@ -132,9 +87,11 @@ def full_parameters(model: nn.Module) -> dict:
 @contextlib.contextmanager
 def compiler_path(path: str):
     """``aten``: CPU graphs run as their ATen calls (the default); ``triton``: the generated
-    Triton kernels, in Triton's interpreter."""
+    Triton kernels, in Triton's interpreter, with random ops on eager's generator
+    (``fallback_random``: its philox draws would give other dropout masks than eager's)."""
     torch._dynamo.reset()
-    with aotforge.config.patch(triton_on_cpu=path == "triton"):
+    triton = path == "triton"
+    with aotforge.config.patch(triton_on_cpu=triton, fallback_random=triton):
         yield
 
 
@@ -227,45 +184,14 @@ def fsdp(path: str, dtype: str = "float64", compile_each: str = "model", bf16: b
 
 # --- tensor parallelism --------------------------------------------------------------------
 
-def tensor_parallel_plan() -> dict:
-    """Megatron-style: attention and MLP split by heads / hidden units (column-wise in,
-    row-wise out), norms and the residual stream sharded along the sequence."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
-
-    plan: dict = {
-        "embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-    }
-    for index in range(BLOCKS):
-        prefix = f"blocks.{index}."
-        plan.update({
-            prefix + "attention_norm": SequenceParallel(),
-            prefix + "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            prefix + "attention.q": ColwiseParallel(), prefix + "attention.k": ColwiseParallel(),
-            prefix + "attention.v": ColwiseParallel(),
-            prefix + "attention.out": RowwiseParallel(output_layouts=Shard(1)),
-            prefix + "mlp_norm": SequenceParallel(),
-            prefix + "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            prefix + "mlp.up": ColwiseParallel(),
-            prefix + "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
-        })
-    return plan
-
-
 def tensor_parallel(path: str, dtype: str = "float64") -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    """The example's tensor-parallel transformer (see ``example.tensor_parallel_plan``)."""
     batches = make_batches(same_on_every_rank=True)
     results = {}
     for mode in ("eager", "compiled"):
         log = GraphLog()
         with compiler_path(path):
-            model = parallelize_module(make_model(DTYPES[dtype]), mesh, tensor_parallel_plan())
-            step_fn = torch.compile(model, backend=log.backend) if mode == "compiled" else model
+            backend = log.backend if mode == "compiled" else "eager"
+            model, step_fn = example.parallelize(make_model(DTYPES[dtype]), "tp", backend, torch.device("cpu"))
             results[mode] = _run(model, step_fn, batches, log)
     return results
