@@ -94,3 +94,38 @@ def test_collective_inputs_keep_their_memory_until_the_wait(group_name):
     sent = collective.args[0].buffer.name  # a's buffer
     reused = [a.reuses for allocations in graph.memory_plan.allocations.values() for a in allocations]
     assert sent not in reused, f"a buffer took the memory of the collective's input {sent}: {graph.memory_plan}"
+
+
+def test_the_backward_never_recomputes_a_collective(group_name):
+    """Even with a memory budget of 0 (recompute all it can), the min-cut saves an
+    all-gather's result: a collective issued again in the backward is one the other ranks
+    may not issue."""
+    from aotforge import aot_function
+    from aotforge.partition.mincut import min_cut_rematerialization_partition
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return gm
+        return compiler
+
+    def partition(joint, inputs, **kwargs):
+        return min_cut_rematerialization_partition(joint, inputs, memory_budget=0.0, **kwargs)
+
+    def fn(w, x):
+        full = c10d.wait_tensor(c10d.all_gather_into_tensor(w, 1, group_name))
+        return torch.tanh(x @ full).sum()
+
+    w, x = torch.randn(4, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    compiled = aot_function(fn, keep("forward"), keep("backward"), partition_fn=partition)
+    compiled(w, x).backward()
+    expected_w, expected_x = (t.detach().clone().requires_grad_() for t in (w, x))
+    fn(expected_w, expected_x).backward()
+    torch.testing.assert_close(w.grad, expected_w.grad)
+    torch.testing.assert_close(x.grad, expected_x.grad)
+    assert "all_gather_into_tensor" in str(graphs["forward"].code)
+    # the backward reduce-scatters w's gradient (the all-gather's own backward), nothing more
+    backward = str(graphs["backward"].code)
+    assert "all_gather_into_tensor" not in backward and "reduce_scatter_tensor" in backward, backward

@@ -20,9 +20,12 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-# Triton decides whether to interpret a kernel when it is defined: the ranks (which inherit
-# this environment) must have it before anything imports triton.language
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, Triton kernels run in its interpreter, which Triton chooses when a kernel is
+# defined: the ranks (which inherit this environment) must have it before triton.language
+# is imported
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on the GPU machine
 
 WORLD_SIZE = 2
 # a rank that waits longer than this in a collective fails instead of hanging the suite
@@ -41,13 +44,18 @@ def _dumps(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _serve(rank: int, world_size: int, port: int, jobs: Any, results: Any) -> None:
-    """A rank's loop: join the gloo group, then run jobs until told to stop (``None``)."""
+def _serve(rank: int, world_size: int, port: int, backend: str, jobs: Any, results: Any) -> None:
+    """A rank's loop: join the group (gloo on the CPU, nccl with one GPU per rank), then run
+    jobs until told to stop (``None``)."""
     torch.set_num_threads(1)  # two ranks share the machine's cores
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    device = None
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=COLLECTIVE_TIMEOUT, device_id=device)
     try:
         while True:
             job = jobs.get()
@@ -69,8 +77,8 @@ class RankFailed(AssertionError):
 class Cluster:
     """``WORLD_SIZE`` ranks waiting for jobs; ``run(fn, **kwargs)`` returns each rank's result."""
 
-    def __init__(self, world_size: int = WORLD_SIZE):
-        self.world_size = world_size
+    def __init__(self, world_size: int = WORLD_SIZE, backend: str = "gloo"):
+        self.world_size, self.backend = world_size, backend
         self.processes: list = []
 
     def _start(self) -> None:
@@ -78,7 +86,7 @@ class Cluster:
         port = free_port()
         self.jobs = [context.Queue() for _ in range(self.world_size)]
         self.results = context.Queue()
-        self.processes = [context.Process(target=_serve, args=(rank, self.world_size, port, self.jobs[rank], self.results),
+        self.processes = [context.Process(target=_serve, args=(rank, self.world_size, port, self.backend, self.jobs[rank], self.results),
                                           daemon=True) for rank in range(self.world_size)]
         for process in self.processes:
             process.start()

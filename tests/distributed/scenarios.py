@@ -37,17 +37,22 @@ def _load_example():
 example = _load_example()
 
 
-def make_model(dtype: torch.dtype, dim: int = DIM, dropout: float = 0.0, checkpointed: bool = False) -> nn.Module:
+def device_of(path: str) -> torch.device:
+    """``gpu``: this rank's GPU (nccl); ``aten`` and ``triton``: the CPU (gloo)."""
+    return torch.device("cuda", torch.cuda.current_device()) if path == "gpu" else torch.device("cpu")
+
+
+def make_model(path: str, dtype: torch.dtype, dim: int = DIM, dropout: float = 0.0,
+               checkpointed: bool = False) -> nn.Module:
     torch.manual_seed(0)  # every rank and every run starts from the same weights
-    return example.Transformer(VOCAB, dim, HEADS, BLOCKS, dropout, checkpointed).to(dtype)
+    return example.Transformer(VOCAB, dim, HEADS, BLOCKS, dropout, checkpointed).to(device_of(path), dtype)
 
 
-def make_batches(same_on_every_rank: bool, steps: int = STEPS, micro: int = 1) -> list:
+def make_batches(path: str, same_on_every_rank: bool, steps: int = STEPS, micro: int = 1) -> list:
     """Token batches (inputs, targets); different on each rank (data parallel) unless asked."""
     generator = torch.Generator().manual_seed(1 if same_on_every_rank else 1 + dist.get_rank())
-    return [[(torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator),
-              torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)) for _ in range(micro)]
-            for _ in range(steps)]
+    return [[tuple(torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator).to(device_of(path)) for _ in range(2))
+             for _ in range(micro)] for _ in range(steps)]
 
 
 def loss_of(model: Callable, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -80,24 +85,24 @@ def full_parameters(model: nn.Module) -> dict:
     """Every parameter as a whole (unsharded) plain tensor."""
     from torch.distributed.tensor import DTensor
 
-    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
             for name, p in model.named_parameters()}
 
 
 @contextlib.contextmanager
 def compiler_path(path: str):
     """``aten``: CPU graphs run as their ATen calls (the default); ``triton``: the generated
-    Triton kernels, in Triton's interpreter, with random ops on eager's generator
-    (``fallback_random``: its philox draws would give other dropout masks than eager's)."""
+    Triton kernels, in Triton's interpreter; ``gpu``: CUDA graphs (always Triton). Generated
+    kernels draw random numbers on eager's generator (``fallback_random``): their philox
+    draws would give other dropout masks than eager's."""
     torch._dynamo.reset()
-    triton = path == "triton"
-    with aotforge.config.patch(triton_on_cpu=triton, fallback_random=triton):
+    with aotforge.config.patch(triton_on_cpu=path == "triton", fallback_random=path != "aten"):
         yield
 
 
 def _run(model: nn.Module, step_fn: Callable, batches: list, **kwargs: Any) -> dict:
     losses = train(model, step_fn, batches, **kwargs)
-    return {"losses": torch.stack(losses), "parameters": full_parameters(model)}
+    return {"losses": torch.stack(losses).cpu(), "parameters": full_parameters(model)}
 
 
 class GraphLog:
@@ -130,7 +135,7 @@ class GraphLog:
 def _run(model: nn.Module, step_fn: Callable, batches: list, log: GraphLog, **kwargs: Any) -> dict:
     with log.observing():
         losses = train(model, step_fn, batches, **kwargs)
-    return {"losses": torch.stack(losses), "parameters": full_parameters(model), "graphs": log.summary()}
+    return {"losses": torch.stack(losses).cpu(), "parameters": full_parameters(model), "graphs": log.summary()}
 
 
 # --- DDP -----------------------------------------------------------------------------------
@@ -140,12 +145,14 @@ def ddp(path: str, dtype: str = "float64", no_sync: bool = False) -> dict:
     boundaries, so gradients of early buckets are all-reduced while later ones are computed)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    batches = make_batches(same_on_every_rank=False, micro=2 if no_sync else 1)
+    batches = make_batches(path, same_on_every_rank=False, micro=2 if no_sync else 1)
     results = {}
     for mode in ("eager", "compiled"):
         # Dynamo's graph splits need buckets of at least DDP's first bucket (1 MB): a model of
         # 3 MB in float64 (1.6 MB in float32) makes several
-        model = DDP(make_model(DTYPES[dtype], dim=DDP_DIM), bucket_cap_mb=1)
+        device = device_of(path)
+        model = DDP(make_model(path, DTYPES[dtype], dim=DDP_DIM), bucket_cap_mb=1,
+                    device_ids=[device.index] if device.type == "cuda" else None)
         log = GraphLog()
         with compiler_path(path):
             step_fn = torch.compile(model, backend=log.backend) if mode == "compiled" else model
@@ -162,14 +169,14 @@ def fsdp(path: str, dtype: str = "float64", compile_each: str = "model", bf16: b
     it is sharded, as torchtitan does)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    batches = make_batches(same_on_every_rank=False)
+    batches = make_batches(path, same_on_every_rank=False)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
     results = {}
     for mode in ("eager", "compiled"):
         log = GraphLog()
         with compiler_path(path):
-            model = make_model(DTYPES[dtype], dropout=dropout, checkpointed=checkpointed)
+            model = make_model(path, DTYPES[dtype], dropout=dropout, checkpointed=checkpointed)
             for block in model.blocks:
                 if mode == "compiled" and compile_each == "block":
                     block.compile(backend=log.backend)
@@ -186,12 +193,12 @@ def fsdp(path: str, dtype: str = "float64", compile_each: str = "model", bf16: b
 
 def tensor_parallel(path: str, dtype: str = "float64") -> dict:
     """The example's tensor-parallel transformer (see ``example.tensor_parallel_plan``)."""
-    batches = make_batches(same_on_every_rank=True)
+    batches = make_batches(path, same_on_every_rank=True)
     results = {}
     for mode in ("eager", "compiled"):
         log = GraphLog()
         with compiler_path(path):
             backend = log.backend if mode == "compiled" else "eager"
-            model, step_fn = example.parallelize(make_model(DTYPES[dtype]), "tp", backend, torch.device("cpu"))
+            model, step_fn = example.parallelize(make_model(path, DTYPES[dtype]), "tp", backend, device_of(path))
             results[mode] = _run(model, step_fn, batches, log)
     return results

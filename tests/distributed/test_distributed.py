@@ -2,7 +2,11 @@
 (CPU), five training steps each: the loss of every step and the final parameters on every
 rank equal eager's. Each case runs on the ATen path (CPU graphs run as their ATen calls, the
 default) and, where the interpreter is fast enough, on the Triton path (``triton_on_cpu``;
-marked slow). Scenarios live in scenarios.py; cluster.py starts the ranks once per session."""
+marked slow). On a machine with two GPUs the ``gpu`` cases run the same on NCCL
+(``python -m pytest tests/distributed -k gpu``). Scenarios live in scenarios.py; cluster.py
+starts the ranks once per module."""
+
+import os
 from __future__ import annotations
 
 import pytest
@@ -17,18 +21,37 @@ from .cluster import Cluster  # noqa: E402
 
 ATEN = pytest.param("aten", id="aten")
 TRITON = pytest.param("triton", id="triton", marks=pytest.mark.slow)
+GPU = pytest.param("gpu", id="gpu", marks=pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or os.environ.get("TRITON_INTERPRET") == "1", reason="needs two GPUs"))
 # bf16 compute (float32 master weights): kernels that round at other points than eager's
 BF16_TOLERANCE = {"rtol": 1.6e-2, "atol": 2e-3}
 COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
 
 
+class Clusters:
+    """Two ranks on gloo (CPU paths) and, when a case asks for it, two on NCCL (``gpu``)."""
+
+    def __init__(self) -> None:
+        self.by_backend: dict[str, Cluster] = {}
+
+    def run(self, fn, path: str, **kwargs):
+        backend = "nccl" if path == "gpu" else "gloo"
+        if backend not in self.by_backend:
+            self.by_backend[backend] = Cluster(backend=backend)
+        return self.by_backend[backend].run(fn, path=path, **kwargs)
+
+    def stop(self) -> None:
+        for ranks in self.by_backend.values():
+            ranks.stop()
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    ranks = Cluster()
+    clusters = Clusters()
     try:
-        yield ranks
+        yield clusters
     finally:
-        ranks.stop()
+        clusters.stop()
 
 
 def assert_equal_to_eager(results: list, **tolerance) -> None:
@@ -46,59 +69,59 @@ def assert_equal_to_eager(results: list, **tolerance) -> None:
 
 
 def compiled_kinds(results: list) -> list:
-    """Kinds of the graphs aotforge compiled to kernels, per rank (Triton path only)."""
+    """Kinds of the graphs aotforge compiled to kernels, per rank (not on the ATen path)."""
     return [[kind for kind, _ in r["compiled"]["graphs"]["compiled"]] for r in results]
 
 
-@pytest.mark.parametrize("path", [ATEN, TRITON])
+@pytest.mark.parametrize("path", [ATEN, TRITON, GPU])
 def test_ddp_with_bucket_graph_splits(cluster, path):
-    results = cluster.run(scenarios.ddp, path=path)
+    results = cluster.run(scenarios.ddp, path)
     assert_equal_to_eager(results)
     for result in results:
         assert result["compiled"]["graphs"]["dynamo_graphs"] >= 2, "Dynamo should split the graph at DDP's buckets"
-    if path == "triton":
+    if path != "aten":
         assert all(kinds.count("backward") >= 2 for kinds in compiled_kinds(results))
 
 
-@pytest.mark.parametrize("path", [ATEN])
+@pytest.mark.parametrize("path", [ATEN, GPU])
 def test_ddp_no_sync_accumulation(cluster, path):
-    assert_equal_to_eager(cluster.run(scenarios.ddp, path=path, no_sync=True))
+    assert_equal_to_eager(cluster.run(scenarios.ddp, path, no_sync=True))
 
 
 @pytest.mark.parametrize("compile_each", ["model", "block"])
-@pytest.mark.parametrize("path", [ATEN, TRITON])
+@pytest.mark.parametrize("path", [ATEN, TRITON, GPU])
 def test_fsdp2(cluster, path, compile_each):
-    results = cluster.run(scenarios.fsdp, path=path, compile_each=compile_each)
+    results = cluster.run(scenarios.fsdp, path, compile_each=compile_each)
     assert_equal_to_eager(results)
     for result in results:
         assert result["compiled"]["graphs"]["dynamo_graphs"] >= 1
-    if path == "triton":
+    if path != "aten":
         assert all("backward" in kinds for kinds in compiled_kinds(results))
 
 
-@pytest.mark.parametrize("path", [ATEN, TRITON])
+@pytest.mark.parametrize("path", [ATEN, TRITON, GPU])
 def test_fsdp2_bf16_mixed_precision(cluster, path):
-    assert_equal_to_eager(cluster.run(scenarios.fsdp, path=path, dtype="float32", bf16=True), **BF16_TOLERANCE)
+    assert_equal_to_eager(cluster.run(scenarios.fsdp, path, dtype="float32", bf16=True), **BF16_TOLERANCE)
 
 
-@pytest.mark.parametrize("path", [ATEN])
+@pytest.mark.parametrize("path", [ATEN, GPU])
 def test_fsdp2_without_reshard_after_forward(cluster, path):
-    assert_equal_to_eager(cluster.run(scenarios.fsdp, path=path, reshard_after_forward=False))
+    assert_equal_to_eager(cluster.run(scenarios.fsdp, path, reshard_after_forward=False))
 
 
-@pytest.mark.parametrize("path", [ATEN, TRITON])
+@pytest.mark.parametrize("path", [ATEN, TRITON, GPU])
 def test_fsdp2_activation_checkpointing_with_dropout(cluster, path):
     """Each block's forward is recomputed in the backward; its dropout masks must be the
     forward's (and eager's: the CPU generator is seeded before every step)."""
-    assert_equal_to_eager(cluster.run(scenarios.fsdp, path=path, compile_each="block", dropout=0.1,
+    assert_equal_to_eager(cluster.run(scenarios.fsdp, path, compile_each="block", dropout=0.1,
                                       checkpointed=True))
 
 
-@pytest.mark.parametrize("path", [ATEN, TRITON])
+@pytest.mark.parametrize("path", [ATEN, TRITON, GPU])
 def test_tensor_parallel_transformer(cluster, path):
-    results = cluster.run(scenarios.tensor_parallel, path=path)
+    results = cluster.run(scenarios.tensor_parallel, path)
     assert_equal_to_eager(results)
-    if path == "triton":
+    if path != "aten":
         # DTensor's collectives are in the compiled graphs, as extern calls
         for result in results:
             for kind in ("forward", "backward"):
