@@ -5,9 +5,9 @@ default) and, where the interpreter is fast enough, on the Triton path (``triton
 marked slow). On a machine with two GPUs the ``gpu`` cases run the same on NCCL
 (``python -m pytest tests/distributed -k gpu``). Scenarios live in scenarios.py; cluster.py
 starts the ranks once per module."""
+from __future__ import annotations
 
 import os
-from __future__ import annotations
 
 import pytest
 import torch
