@@ -4,7 +4,8 @@ compiler alike.
 
 Each op has a *kind* and two flags::
 
-    kind        view, pointwise, reduction, cast, creation, indexing, compute, random
+    kind        view, pointwise, reduction, cast, creation, indexing, compute, random,
+                collective
     kept_whole  never decomposed: its ATen kernel (cuBLAS, cuDNN, flash attention) beats
                 anything generated, so the compiler calls it as an extern
     distinct    two calls with the same arguments give different results (random draws,
@@ -31,6 +32,9 @@ CREATION = "creation"
 INDEXING = "indexing"
 COMPUTE = "compute"
 RANDOM = "random"
+# functional collectives (``_c10d_functional``) and their waits: every rank must issue the
+# same collectives in the same order, so they are never merged, folded or recomputed
+COLLECTIVE = "collective"
 GETITEM = "getitem"
 UNKNOWN = "unknown"
 
@@ -113,6 +117,10 @@ LATE_OPS: dict[str, OpInfo] = {
     # effect tokens (aot/effects.py): a token is free to make wherever it is needed
     "prims::_make_token": OpInfo(CREATION, distinct=True),
 }
+LATE_OPS.update({f"_c10d_functional::{name}": OpInfo(COLLECTIVE, distinct=True) for name in (
+    "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
+    "all_gather_into_tensor_out", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+    "all_to_all_single", "broadcast", "wait_tensor")})
 
 _UNKNOWN = OpInfo(UNKNOWN)
 

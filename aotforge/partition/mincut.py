@@ -314,11 +314,12 @@ def _banned(node: fx.Node) -> bool:
 
 
 def _always_banned(node: fx.Node) -> bool:
-    """Never recomputable whatever the budget: random draws and ops we know nothing about."""
+    """Never recomputable whatever the budget: random draws, collectives (a recomputed one is
+    a collective the other ranks may not issue) and ops we know nothing about."""
     return node.op == "call_function" and op_costs.op_kind(node) in NEVER_RECOMPUTED
 
 
-NEVER_RECOMPUTED = (op_costs.RANDOM, op_costs.UNKNOWN)
+NEVER_RECOMPUTED = (op_costs.RANDOM, op_costs.COLLECTIVE, op_costs.UNKNOWN)
 
 
 def _infinite_path(network: nx.DiGraph) -> str:

@@ -18,6 +18,8 @@ about could be slow or have effects, saving it is always correct.
     compute       only under an activation memory budget < 1 (matmul, conv, attention)
     random        never: a second draw would give a different mask (unless the graph uses
                   functionalized RNG, whose philox ops are plain functions of seed and offset)
+    collective    never (functional collectives and their waits: saved, so every rank
+                  issues exactly the collectives of its graph, in its order)
     unknown       never
 
 ``estimate_flops`` gives the runtime estimate the memory-budget knapsack trades against bytes;
@@ -33,8 +35,8 @@ import torch
 import torch.fx as fx
 
 from .. import op_table
-from ..op_table import (CAST, COMPUTE, CREATION, GETITEM, INDEXING, POINTWISE, RANDOM, REDUCTION,  # noqa: F401
-                        UNKNOWN, VIEW, packet_of)
+from ..op_table import (CAST, COLLECTIVE, COMPUTE, CREATION, GETITEM, INDEXING, POINTWISE, RANDOM,  # noqa: F401
+                        REDUCTION, UNKNOWN, VIEW, packet_of)
 
 aten = torch.ops.aten
 

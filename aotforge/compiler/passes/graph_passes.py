@@ -250,7 +250,8 @@ def joint_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
 
 def post_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on each graph about to be compiled, in order."""
+    from .collectives import sink_waits
     from .patterns import apply_pattern_rewrites
 
     return run_passes(gm, (functionalize_inplace, dead_code_elimination, view_to_reshape, remove_noops,
-                           apply_pattern_rewrites, constant_fold, cse, dead_code_elimination))
+                           apply_pattern_rewrites, constant_fold, cse, dead_code_elimination, sink_waits))

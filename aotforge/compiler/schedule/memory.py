@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ... import op_table
 from ..ir import ComputedBuffer, ExternCall, LoweredGraph, same_size
 from .fusion import KernelGroup, KernelPlan
 from .reads import BufferReads
@@ -57,6 +58,12 @@ def _may_alias(call: ExternCall) -> bool:
     return True
 
 
+def _in_flight(call: ExternCall) -> bool:
+    """A collective reads its inputs until its wait, on another stream (NCCL) or thread
+    (gloo): their memory must not be handed to a buffer computed in between."""
+    return op_table.kind(call.op) == op_table.COLLECTIVE
+
+
 def _last_uses(plan: KernelPlan, reads: BufferReads) -> dict[str, int]:
     last: dict[str, int] = {}
     for index, step in enumerate(plan.steps):
@@ -77,8 +84,10 @@ def plan_memory(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> 
     buffers = lowered.buffers()
     outputs = {v.buffer.name for v in lowered.outputs if hasattr(v, "buffer")}
     produced = {n.name for s in plan.kernels() for n in s.nodes if n.mutates is None}
-    # an ATen call may return a view of its argument: such arguments keep their memory
-    no_reuse = {n for s in plan.steps if isinstance(s, ExternCall) and _may_alias(s) for n in reads.of(s)}
+    # an ATen call may return a view of its argument, a collective reads its arguments until
+    # its wait: such arguments keep their memory
+    no_reuse = {n for s in plan.steps if isinstance(s, ExternCall) and (_may_alias(s) or _in_flight(s))
+                for n in reads.of(s)}
 
     releases: dict[int, list[str]] = {}
     for name, index in sorted(_last_uses(plan, reads).items(), key=lambda item: (item[1], item[0])):
