@@ -31,3 +31,15 @@ def test_profile_of_a_cpu_step_measures_host_time_and_operators():
     assert set(result.device_ms) == set(profile.CATEGORIES) and result.total_device_ms() == 0
     text = profile.table([("tiny", "infer", "eager", result)])
     assert "| tiny | infer | eager |" in text
+
+
+def test_a_backend_may_name_a_torch_compile_mode(monkeypatch):
+    from aotforge.bench import runner
+
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda module, backend, mode=None: seen.update(backend=backend, mode=mode))
+    runner.check_backends(["inductor:reduce-overhead", "aotforge:max-autotune", "eager"])
+    runner.compile_module("aotforge:reduce-overhead", torch.nn.Linear(2, 2))
+    assert seen == {"backend": "aotforge", "mode": "reduce-overhead"}
+    with pytest.raises(ValueError, match="unknown backend"):
+        runner.check_backends(["nonsense:reduce-overhead"])

@@ -47,7 +47,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated workload names (default: every workload of the suites)")
     p.add_argument("--backends", type=_comma_list(), default=list(runner.DEFAULT_BACKENDS),
                    help="comma-separated: eager, inductor, aotforge_eager, aotforge, or any "
-                   "torch.compile backend (default: the first four)")
+                   "torch.compile backend, each optionally with a torch.compile mode as backend:mode "
+                   "(inductor:reduce-overhead) (default: the first four)")
     p.add_argument("--modes", type=_comma_list(MODES), default=list(MODES),
                    help="train (forward + backward), infer, or both (default)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")

@@ -114,19 +114,22 @@ def known_backends() -> list[str]:
 
 
 def check_backends(names: Sequence[str]) -> None:
-    """Raise a clear error for a backend name that neither we nor Dynamo know."""
+    """Raise a clear error for a backend name that neither we nor Dynamo know
+    (``backend:mode`` names a torch.compile mode too: ``inductor:reduce-overhead``)."""
     known = known_backends()
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if name.partition(":")[0] not in known]
     if unknown:
         raise ValueError(f"unknown backend(s) {unknown}; choose from {', '.join(known)}")
 
 
 def compile_module(backend: str, module: torch.nn.Module) -> Callable:
+    """``torch.compile(module, backend=...)``; ``backend:mode`` passes ``mode=`` as well."""
     if backend == "eager":
         return module
+    backend, _, mode = backend.partition(":")
     if backend.startswith("aotforge"):
         import aotforge  # noqa: F401  (registers aotforge's backends with Dynamo on import)
-    return torch.compile(module, backend=backend)
+    return torch.compile(module, backend=backend, mode=mode or None)
 
 
 # --- one step -----------------------------------------------------------------------------------
