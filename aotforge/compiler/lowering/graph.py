@@ -82,6 +82,10 @@ class GraphLowering:
                 return viewed
         size = value.size
         if stride_hint is not None and ir.is_non_overlapping_dense(size, stride_hint, self.sizes.hint):
+            order = sorted(range(len(size)), key=lambda d: (-self.sizes.hint(stride_hint[d]), d))
+            moved = [d for d in order if size[d] != 1]
+            if moved != sorted(moved) and all(getattr(n, "is_Integer", False) for n in size):
+                return self._realize_permuted(value, order)
             stride = ir.dense_strides_like(size, stride_hint, self.sizes.hint)
         else:
             stride = ir.contiguous_strides(size)
@@ -89,6 +93,22 @@ class GraphLowering:
                                 PointwiseBody(list(size), value.make_loader()))
         self.operations.append(buffer)
         return buffer.view()
+
+    def _realize_permuted(self, value: Value, order: list) -> StorageView:
+        """``value`` stored with its dimensions in ``order`` (outermost first; a channels-last
+        result: N, H, W, C): the buffer is contiguous in that order, so its kernel walks memory
+        in order and its loads and stores coalesce; the returned view has the logical order."""
+        size, loader = value.size, value.make_loader()
+        permuted = [size[d] for d in order]
+        position = {d: i for i, d in enumerate(order)}
+
+        def body(index):
+            return loader([index[position[d]] for d in range(len(size))])
+        buffer = ComputedBuffer(self.new_buffer_name(), Layout(permuted, ir.contiguous_strides(permuted)),
+                                value.dtype, value.device, PointwiseBody(permuted, body))
+        self.operations.append(buffer)
+        strides = buffer.layout.stride
+        return StorageView(buffer, list(size), [strides[position[d]] for d in range(len(size))])
 
     def add_reduction(self, ranges, reduction_ranges, reduction_type, fn, source_dtype, out_dtype, device) -> StorageView:
         buffer = ComputedBuffer(self.new_buffer_name(), Layout(list(ranges), ir.contiguous_strides(ranges)),

@@ -42,11 +42,13 @@ aten = torch.ops.aten
 # through the Triton interpreter.
 PAD_DEVICES: tuple[str, ...] = ("cuda",)
 # Devices whose inference graphs run convolutions in channels-last (cuDNN); tests add "cpu".
-# None by default: measured on an H100 (timm ResNet-50 inference, bf16), the layout change
-# removed cuDNN's transposes but our pointwise kernels iterate in logical (NCHW) order, so
-# over NHWC buffers their loads and stores are strided: generated kernels went from about
-# 3 ms to 30.7 ms per step. It waits for kernels that iterate in the output's memory order.
-CHANNELS_LAST_DEVICES: tuple[str, ...] = ()
+# Needs kernels that walk channels-last buffers in memory order (lowering's permuted
+# realization): without it, measured on an H100 (timm ResNet-50 inference, bf16), generated
+# kernels went from about 3 ms to 30.7 ms per step.
+CHANNELS_LAST_DEVICES: tuple[str, ...] = ("cuda",)
+# A convolution over fewer input channels keeps its operands' layout: converting a 3-channel
+# image to NHWC cost 0.8 ms of ResNet-50's 8 ms inference step (H100), cuDNN's own less.
+MIN_CHANNELS_LAST_CHANNELS = 8
 # Elements per 16 bytes, the alignment cuBLAS's fast kernels need, by dtype.
 ALIGNMENT = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
 # Smaller matmuls are left alone: the pad's copy would cost more than the aligned kernel saves.
@@ -237,6 +239,8 @@ def channels_last_convolutions(gm: fx.GraphModule) -> fx.GraphModule:
         return gm
     converted: dict[fx.Node, fx.Node] = {}
     for convolution in convolutions:
+        if _val(convolution.args[0]).shape[1] < MIN_CHANNELS_LAST_CHANNELS:
+            continue  # an image's 3 channels: converting it reads with a stride of H*W
         for operand in convolution.args[:2]:
             if isinstance(operand, fx.Node) and not _is_channels_last(operand.meta["val"]) and operand not in converted:
                 converted[operand] = _emit(gm.graph, convolution, aten.clone.default, (operand,),

@@ -195,6 +195,7 @@ class _ConvNet(torch.nn.Module):
 @pytest.mark.parametrize("training", [False, True])
 def test_convolution_graphs_run_channels_last_with_eager_output_strides(monkeypatch, training):
     monkeypatch.setattr(library_calls, "CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(library_calls, "MIN_CHANNELS_LAST_CHANNELS", 1)
     torch.manual_seed(0)
     model = _ConvNet().train(training)
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
@@ -212,3 +213,8 @@ def test_convolution_graphs_run_channels_last_with_eager_output_strides(monkeypa
     # inference: every convolution gets NHWC operands (channel stride 1); training: untouched
     channel_strides = {int(arg.stride[1]) for step in convolutions for arg in step.args[:2]}
     assert channel_strides == ({1} if not training else channel_strides - {1})
+    if not training:  # the kernels that write NHWC operands walk them in memory order
+        computed = [arg.buffer for step in convolutions for arg in step.args[:2]
+                    if type(arg.buffer).__name__ == "ComputedBuffer"]
+        assert computed and all(list(b.layout.stride) == sorted(b.layout.stride, reverse=True) for b in computed)
+        assert all(int(b.layout.size[-1]) in (3, 8) for b in computed)  # channels innermost
