@@ -140,6 +140,19 @@ def compile_scope(name: str, compile_id: Optional[str] = None,
         _local.explicit -= 1
 
 
+@contextlib.contextmanager
+def ensure_scope(name: str) -> Iterator[CompileScope]:
+    """The compile scope open in this thread (torch.compile's, per Dynamo graph), or a new one
+    for the block. Either way nothing of the compile stays in the thread afterwards: its
+    artifacts (graphs and the tensors they hold) live only as long as whoever keeps the scope
+    (a compiled function's lazy backward, ``aotforge.inspect``'s records)."""
+    if getattr(_local, "explicit", 0):
+        yield current_scope()
+        return
+    with compile_scope(name) as scope:
+        yield scope
+
+
 def rejoin(scope: Optional[CompileScope]) -> contextlib.AbstractContextManager:
     """Re-enter ``scope`` (a compile's, saved at compile time) for artifacts emitted later,
     e.g. timings measured at a compiled graph's first run; nothing if there is none."""

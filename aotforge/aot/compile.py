@@ -78,7 +78,7 @@ def compile_flat(
     check_supported_inputs(flat_args)
     # Inputs that are fake already come from Dynamo, which handles data-dependent code itself.
     from_dynamo = detect_fake_mode(flat_args) is not None
-    with TRACE_LOCK:
+    with TRACE_LOCK, debug.ensure_scope(config.name):
         try:
             return _compile_flat(flat_fn, flat_args, config, is_training=is_training)
         except _DATA_DEPENDENT_ERRORS as error:
@@ -260,7 +260,8 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         compiled_forward = check_outputs_once(
             config.fw_compiler(forward, _placeholder_values(forward)), forward, "fw_compiler"
         )
-    bw_compiler = _checked(_under_current_patches(config.bw_compiler), "bw_compiler")
+    bw_compiler = _checked(_in_scope(_under_current_patches(config.bw_compiler), debug.current_scope()),
+                           "bw_compiler")
     if subclasses is not None:
         # The runtime (autograd.Function) and its epilogue work on the caller's subclasses.
         compiled_forward = subclasses.post_compile(compiled_forward, _output_values(forward)[:num_outputs])
@@ -335,6 +336,16 @@ def _wrapped_compiler(compiler: Callable, wrap: Callable) -> Callable:
     def compile_and_wrap(gm, example_inputs):
         return wrap(compiler(gm, example_inputs))
     return compile_and_wrap
+
+
+def _in_scope(compiler: Callable, scope) -> Callable:
+    """``compiler`` run in this compile's scope: the backward compiles at the first backward
+    call, when no scope is open (and its artifacts belong to this compile)."""
+
+    def compile_in_scope(*args, **kwargs):
+        with debug.rejoin(scope):
+            return compiler(*args, **kwargs)
+    return compile_in_scope
 
 
 def _under_current_patches(compiler: Callable) -> Callable:
