@@ -19,7 +19,7 @@ from ..partition import default_partition
 from .compile import CompileConfig, compile_flat, is_training_call
 from .guards import autocast_state, check_no_fake_constants, closure_state_fn, constant_key, module_state
 from .schemas import AOTConfig
-from .subclasses import subclass_signature
+from .subclasses import dispatches_itself, subclass_signature
 from .trace import TRACE_LOCK
 
 
@@ -122,7 +122,7 @@ def _signature(flat_args: Sequence, spec_key, dynamic: bool) -> tuple:
             requires_grad = arg.requires_grad
             any_requires_grad = any_requires_grad or requires_grad
             if arg.layout is not torch.strided or arg.is_nested or (
-                type(arg) is not torch.Tensor and hasattr(arg, "__tensor_flatten__")
+                type(arg) is not torch.Tensor and (hasattr(arg, "__tensor_flatten__") or dispatches_itself(type(arg)))
             ):
                 # Subclasses, sparse and nested tensors have no data pointer; unsupported
                 # ones are rejected here with a clear error.
