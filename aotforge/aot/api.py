@@ -227,6 +227,15 @@ def _compiled_function(fn: Callable, config: CompileConfig, outside_state: Calla
         run, _, fake_args = compile_flat(
             flat_fn, traced_args, config, is_training=is_training_call(flat_args)
         )
+        if outside_state() != key[1]:
+            raise RuntimeError(
+                f"aotforge: {config.name} changed Python state that it reads (a module attribute, "
+                "a list, dict or object it reads, or a global) while it was traced. A compiled call "
+                "runs the graph only, never the Python code again, so that change would not repeat "
+                "and later calls would disagree with eager. Keep such state in tensors (module "
+                "buffers) or outside the compiled function, or compile with torch.compile(..., "
+                "backend=\"aotforge\"), whose Dynamo frontend replays Python side effects."
+            )
         guard = _shape_guard(fake_args) if config.dynamic else None
 
         def run_flat(all_args: list) -> list:

@@ -198,3 +198,17 @@ def test_aot_function_guards_its_own_globals_closure_and_helpers():
     finally:
         _set_global("FACTOR", 2.0)
         TABLE["scale"] = 2.0
+
+
+def test_forward_changing_state_it_reads_is_a_clear_error():
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def forward(self, x):
+            self.seen.append(x.shape[0])
+            return x * len(self.seen)
+
+    with pytest.raises(RuntimeError, match="changed Python state that it reads .* while it was traced"):
+        aot_module(Counting(), nop)(torch.randn(3, dtype=D))
