@@ -182,22 +182,33 @@ def test_forward_calling_a_method_that_reads_state_recompiles():
     torch.testing.assert_close(compiled(x), model(x))
 
 
+GLOBAL_CONFIG = Config()
+
+
 def test_aot_function_guards_its_own_globals_closure_and_helpers():
     values = [2.0]
 
     def f(x):
-        return _scaled(x) * values[0] * TABLE["scale"]
+        return _scaled(x) * values[0] * TABLE["scale"] * GLOBAL_CONFIG.scale
 
     compiled = aot_function(f, nop)
     x = torch.randn(3, dtype=D)
+    changes = {
+        "closed-over list": lambda: values.__setitem__(0, 3.0),
+        "global dict": lambda: TABLE.__setitem__("scale", 4.0),
+        "global read by a helper": lambda: _set_global("FACTOR", 5.0),
+        "field of a global object": lambda: setattr(GLOBAL_CONFIG, "scale", 6.0),
+    }
     try:
-        for change in (lambda: values.__setitem__(0, 3.0), lambda: TABLE.__setitem__("scale", 4.0),
-                       lambda: _set_global("FACTOR", 5.0)):
+        torch.testing.assert_close(compiled(x), f(x))
+        for number, (what, change) in enumerate(changes.items(), start=2):
             change()
-            torch.testing.assert_close(compiled(x), f(x))
+            torch.testing.assert_close(compiled(x), f(x), msg=lambda m: f"{what}: {m}")
+            assert len(compiled._aotforge_cache) == number, what
     finally:
         _set_global("FACTOR", 2.0)
         TABLE["scale"] = 2.0
+        GLOBAL_CONFIG.scale = 2.0
 
 
 def test_forward_changing_state_it_reads_is_a_clear_error():
