@@ -83,29 +83,47 @@ def module_state(module: nn.Module) -> tuple:
     parts: list = [_hooks(nn.modules.module._global_forward_hooks), _hooks(nn.modules.module._global_forward_pre_hooks)]
     # What a class (and its globals) provides is the same for every instance: read once per call.
     per_class: dict = {}
-    for submodule in module.modules():
+    for submodule in _submodules(module):
         attributes = submodule.__dict__
         cls = type(submodule)
         forward = attributes.get("forward")  # a forward assigned on the instance
         forward = cls.forward if forward is None else getattr(forward, "__func__", forward)
-        reads, instance_names, class_names = forward_reads(cls, forward)
-        if (cls, forward) not in per_class:
-            per_class[cls, forward] = None
+        found = per_class.get((cls, forward))
+        if found is None:
+            found = per_class[cls, forward] = forward_reads(cls, forward)
+            reads, _, class_names = found
             parts.append((
                 cls, forward,
                 tuple(value_state(getattr(cls, name, None), reads.names) for name in class_names),
                 tuple(value_state(scope.get(name), reads.names) for scope, names in reads.globals for name in names),
             ))
+        forward_hooks, pre_hooks = attributes["_forward_hooks"], attributes["_forward_pre_hooks"]
         parts += (
-            cls, forward, submodule.training,
-            _hooks(submodule._forward_hooks),
-            _hooks(submodule._forward_pre_hooks),
+            cls, forward, attributes["training"],
+            _hooks(forward_hooks) if forward_hooks else (),
+            _hooks(pre_hooks) if pre_hooks else (),
             tuple(attributes["_parameters"]),
             tuple(attributes["_buffers"]),
             tuple(attributes["_modules"]),
-            tuple(value_state(value, reads.names) for value in map(attributes.get, instance_names)),
+            tuple([value if value is None or value.__class__ in _SELF_KEYED else value_state(value, found[0].names)
+                   for value in map(attributes.get, found[1])]),
         )
     return tuple(parts)
+
+
+def _submodules(module: nn.Module) -> list:
+    """``module.modules()`` (each once, in the same order) without building the dotted names."""
+    out, seen = [module], {id(module)}
+    _collect(module, out, seen)
+    return out
+
+
+def _collect(module: nn.Module, out: list, seen: set) -> None:
+    for child in module.__dict__["_modules"].values():
+        if child is not None and id(child) not in seen:
+            seen.add(id(child))
+            out.append(child)
+            _collect(child, out, seen)
 
 
 def _hooks(hooks: dict) -> tuple:
@@ -138,6 +156,12 @@ _IDENTITY_TYPES = (
     types.MethodType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
 )
 _CONTAINER_TYPES = (list, tuple, dict, set, frozenset)
+# Values that are their own cache key (equal only to values of their own type, by value or
+# identity): skipping value_state for them keeps the per-call check cheap.
+_SELF_KEYED = frozenset({
+    str, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodType, torch.dtype,
+    torch.device,
+})
 # Containers and objects nest: their contents are read this deep, then compared by identity.
 _MAX_DEPTH = 4
 
