@@ -8,7 +8,9 @@ what one trace reads (both branches of an ``if``), which only costs a few more r
 """
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import dis
 import functools
 import types
 from typing import Callable, Optional
@@ -28,14 +30,22 @@ class Reads:
     globals: tuple  # ((globals dict, (name, ...)), ...)
 
 
-def _code_names(code: types.CodeType) -> set:
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+def _code_names(code: types.CodeType) -> tuple[set, set]:
+    """The names ``code`` (and the code nested in it) loads, and which of them it loads as
+    globals (also those not defined yet: a global assigned after compiling is still read)."""
     names = set(code.co_names)
+    global_names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
-            names |= _code_names(constant)
+            nested, nested_globals = _code_names(constant)
+            names |= nested
+            global_names |= nested_globals
         elif isinstance(constant, str) and constant.isidentifier():
             names.add(constant)
-    return names
+    return names, global_names
 
 
 def _function_of(value) -> Optional[types.FunctionType]:
@@ -94,7 +104,7 @@ def reads_of(function: Callable, cls: Optional[type] = None) -> Reads:
         if id(current.__code__) in visited:
             continue
         visited.add(id(current.__code__))
-        code_names = _code_names(current.__code__)
+        code_names, global_names = _code_names(current.__code__)
         names |= code_names
         scope = current.__globals__
         used = globals_read.setdefault(id(scope), (scope, set()))[1]
@@ -105,11 +115,12 @@ def reads_of(function: Callable, cls: Optional[type] = None) -> Reads:
                 continue
             if helper is not None and _is_user_helper(helper, root):
                 pending.append(helper)
+        used |= {name for name in global_names if name in scope or not hasattr(builtins, name)}
         for name in code_names:
             if name in scope:
-                used.add(name)
-                if isinstance(scope[name], types.FunctionType) and _is_user_helper(scope[name], root):
-                    pending.append(_function_of(scope[name]))
+                helper = _function_of(scope[name]) if isinstance(scope[name], types.FunctionType) else None
+                if helper is not None and _is_user_helper(helper, root):
+                    pending.append(helper)
             if cls is not None:
                 helper = _function_of(_class_attribute(cls, name))
                 if helper is not None:

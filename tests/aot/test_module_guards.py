@@ -223,3 +223,18 @@ def test_forward_changing_state_it_reads_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="changed Python state that it reads .* while it was traced"):
         aot_module(Counting(), nop)(torch.randn(3, dtype=D))
+
+
+def _reads_a_later_global(x):
+    return x * LATER  # noqa: F821  (defined by the test after compiling)
+
+
+def test_aot_function_guards_a_global_defined_after_it_was_made():
+    compiled = aot_function(_reads_a_later_global, nop)
+    x = torch.randn(3, dtype=D)
+    try:
+        for value in (2.0, 5.0):
+            _set_global("LATER", value)
+            torch.testing.assert_close(compiled(x), _reads_a_later_global(x))
+    finally:
+        globals().pop("LATER", None)
