@@ -8,9 +8,10 @@ every artifact also goes to PyTorch's structured trace, so ``tlparse`` shows aot
 kernels and metrics beside Dynamo's.
 
 A *compile scope* groups the artifacts of one compile: the torch.compile backend opens one per
-Dynamo graph (``compile_scope``); a compile that opens none starts an implicit scope at its
-first artifact of topic ``metadata`` (the AOT layer emits it first in every compile). The
-scope also keeps the artifacts for ``aotforge.inspect``.
+Dynamo graph (``compile_scope``), the AOT layer one per compile outside torch.compile
+(``ensure_scope``: nothing of a compile stays in the thread after it); a compile that opens
+none starts an implicit scope at its first artifact of topic ``metadata``. The scope also
+keeps the artifacts for ``aotforge.inspect``.
 """
 from __future__ import annotations
 
