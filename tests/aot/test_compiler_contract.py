@@ -85,3 +85,37 @@ def test_good_compilers_still_match_eager():
     )
     model = torch.nn.Linear(2, 2).double()
     torch.testing.assert_close(aot_module(model, nop, nop)(x.detach()), model(x.detach()))
+
+
+def _attention_graph():
+    """A graph returning cuDNN attention's output (0) and philox seed (6), as traced on a GPU."""
+    import operator
+
+    graph = torch.fx.Graph()
+    query = graph.placeholder("query")
+    attention = graph.call_function(torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+                                    (query, query, query, None, False, 0.0, False))
+    outputs = [graph.call_function(operator.getitem, (attention, index)) for index in (0, 6)]
+    graph.output(outputs)
+    outputs[0].meta["val"] = torch.empty(2, 3)
+    outputs[1].meta["val"] = torch.empty((), dtype=torch.int64)
+    return torch.fx.GraphModule({}, graph)
+
+
+def _boxed(outputs):
+    def run(args):
+        return list(outputs)
+
+    run._boxed_call = True
+    return run
+
+
+def test_none_is_accepted_only_where_attention_ops_give_it():
+    from aotforge.aot.runtime import check_outputs_once
+
+    gm = _attention_graph()
+    result = torch.randn(2, 3)
+    # without dropout, cuDNN attention's seed is None: let it through
+    assert check_outputs_once(_boxed([result, None]), gm, "fw_compiler")([None])[0] is result
+    with pytest.raises(RuntimeError, match="fw_compiler returned None as output 0"):
+        check_outputs_once(_boxed([None, None]), gm, "fw_compiler")([None])
