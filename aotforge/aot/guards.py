@@ -171,9 +171,11 @@ def value_state(value: Any, names: frozenset = frozenset(), depth: int = 0) -> A
     type: 2 and 2.0 trace differently), containers by their contents, objects (a config)
     by the fields among ``names`` (the names the code loads), code and modules by identity,
     tensors by identity and version."""
-    if value is None or isinstance(value, _IDENTITY_TYPES):
-        return value
     kind = type(value)
+    if kind is bool or kind is int:  # the common cases first: this runs on every call
+        return (kind, value)
+    if value is None or kind in _SELF_KEYED or isinstance(value, _IDENTITY_TYPES):
+        return value
     if isinstance(value, _ATTRIBUTE_TYPES):
         return (kind, constant_key(value) if isinstance(value, (float, complex)) else value)
     if isinstance(value, torch.Tensor):
