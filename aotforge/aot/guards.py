@@ -12,10 +12,14 @@ import enum
 import functools
 import math
 import types
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
+
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from .reads import forward_reads, reads_of
 
@@ -179,7 +183,9 @@ def value_state(value: Any, names: frozenset = frozenset(), depth: int = 0) -> A
     if isinstance(value, _ATTRIBUTE_TYPES):
         return (kind, constant_key(value) if isinstance(value, (float, complex)) else value)
     if isinstance(value, torch.Tensor):
-        return (_Same(value), value._version)
+        return _tensor_state(value)
+    if isinstance(value, weakref.ref):  # (an LSTM keeps weak references to its weights)
+        return (weakref.ref, value_state(value(), names, depth + 1))
     if depth >= _MAX_DEPTH:
         return _Same(value)
     if isinstance(value, _CONTAINER_TYPES):
@@ -200,6 +206,19 @@ def value_state(value: Any, names: frozenset = frozenset(), depth: int = 0) -> A
     return (_Same(kind), tuple(
         (name, value_state(field, names, depth + 1)) for name, field in fields.items() if name in names
     ))
+
+
+def _tensor_state(value: torch.Tensor) -> Any:
+    """Parameters are graph inputs, so an attribute that caches them (an LSTM's
+    ``_flat_weights``, which tracing leaves holding the tracer's stand-ins) adds nothing to the
+    key; any other tensor is a constant of the graph, keyed by identity and version (the
+    compiler may fold a constant's value into the graph, so an in-place change recompiles)."""
+    if isinstance(value, (nn.Parameter, FakeTensor, FunctionalTensor)):
+        return _PARAMETER
+    return (_Same(value), value._version)
+
+
+_PARAMETER = ("parameter",)
 
 
 def closure_state_fn(fn: Callable) -> Callable[[], tuple]:

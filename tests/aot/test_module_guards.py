@@ -238,3 +238,45 @@ def test_aot_function_guards_a_global_defined_after_it_was_made():
             torch.testing.assert_close(compiled(x), _reads_a_later_global(x))
     finally:
         globals().pop("LATER", None)
+
+
+# torch's own modules: caches of their parameters (an LSTM's _flat_weights), dropout
+# probabilities, flags. Guarding what they read must never recompile a training loop.
+ZOO = {
+    "lstm": (lambda: torch.nn.LSTM(3, 4, num_layers=2), lambda: (torch.randn(5, 2, 3, dtype=D),)),
+    "multihead_attention": (lambda: torch.nn.MultiheadAttention(8, 2, batch_first=True),
+                            lambda: (torch.randn(2, 5, 8, dtype=D),) * 3),
+    "transformer_encoder": (lambda: torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2, enable_nested_tensor=False),
+        lambda: (torch.randn(2, 5, 8, dtype=D),)),
+    "conv_batchnorm": (lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 2)), lambda: (torch.randn(2, 3, 8, 8, dtype=D),)),
+    "weight_norm": (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 4)),
+                    lambda: (torch.randn(2, 4, dtype=D),)),
+}
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_torch_modules_train_like_eager_with_one_compile(name):
+    make, inputs = ZOO[name]
+    torch.manual_seed(0)
+    model = make().double()
+    reference = make().double()
+    reference.load_state_dict(model.state_dict())
+    compiled = aot_module(model, nop, nop)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    for step in range(3):
+        args = inputs()
+        out, expected = _first(compiled(*args)), _first(reference(*args))
+        torch.testing.assert_close(out, expected, msg=lambda m: f"step {step}: {m}")
+        for value, optimizer in zip((out, expected), optimizers):
+            value.pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.testing.assert_close(dict(model.named_parameters()), dict(reference.named_parameters()))
+    assert _compiles(compiled) == 1
