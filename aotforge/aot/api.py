@@ -17,7 +17,9 @@ import torch.utils._pytree as pytree
 from ..config import config as global_config
 from ..partition import default_partition
 from .compile import CompileConfig, compile_flat, is_training_call
-from .guards import autocast_state, check_no_fake_constants, closure_state_fn, constant_key, module_state
+from .guards import (
+    autocast_state, check_no_fake_constants, closure_state_fn, constant_key, module_state, only_tensors_changed,
+)
 from .schemas import AOTConfig
 from .subclasses import dispatches_itself, subclass_signature
 from .trace import TRACE_LOCK
@@ -227,7 +229,12 @@ def _compiled_function(fn: Callable, config: CompileConfig, outside_state: Calla
         run, _, fake_args = compile_flat(
             flat_fn, traced_args, config, is_training=is_training_call(flat_args)
         )
-        if outside_state() != key[1]:
+        state_after = outside_state()
+        if state_after != key[1] and only_tensors_changed(key[1], state_after):
+            # It assigned tensors it computed (a hook setting a weight): the graph computes
+            # them, and later calls find the state the trace left.
+            key = (key[0], state_after)
+        elif state_after != key[1]:
             raise RuntimeError(
                 f"aotforge: {config.name} changed Python state that it reads (a module attribute, "
                 "a list, dict or object it reads, or a global) while it was traced. A compiled call "

@@ -221,6 +221,23 @@ def _tensor_state(value: torch.Tensor) -> Any:
 _PARAMETER = ("parameter",)
 
 
+def only_tensors_changed(before: Any, after: Any) -> bool:
+    """Whether two snapshots differ only where one tensor was replaced by another: what a
+    traced function leaves when it assigns tensors it computed (spectral_norm's hook sets the
+    module's ``weight`` on every call), as opposed to changing Python values it reads."""
+    if before == after or (_is_tensor_state(before) and _is_tensor_state(after)):
+        return True
+    if type(before) is tuple and type(after) is tuple and len(before) == len(after):
+        return all(map(only_tensors_changed, before, after))
+    return False
+
+
+def _is_tensor_state(part: Any) -> bool:
+    return part is _PARAMETER or (
+        type(part) is tuple and len(part) == 2 and type(part[0]) is _Same and isinstance(part[0].value, torch.Tensor)
+    )
+
+
 def closure_state_fn(fn: Callable) -> Callable[[], tuple]:
     """A function returning a snapshot of what ``fn`` reads from outside its arguments: the
     globals its code (and the same-module helper functions it calls) names, the values in its

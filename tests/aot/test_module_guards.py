@@ -252,6 +252,8 @@ ZOO = {
     "conv_batchnorm": (lambda: torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
         torch.nn.Linear(4 * 6 * 6, 2)), lambda: (torch.randn(2, 3, 8, 8, dtype=D),)),
+    "spectral_norm": (lambda: torch.nn.utils.spectral_norm(torch.nn.Linear(4, 4)),  # its hook assigns .weight
+                      lambda: (torch.randn(2, 4, dtype=D),)),
     "weight_norm": (lambda: torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 4)),
                     lambda: (torch.randn(2, 4, dtype=D),)),
 }
