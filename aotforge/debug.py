@@ -8,9 +8,10 @@ every artifact also goes to PyTorch's structured trace, so ``tlparse`` shows aot
 kernels and metrics beside Dynamo's.
 
 A *compile scope* groups the artifacts of one compile: the torch.compile backend opens one per
-Dynamo graph (``compile_scope``); a compile that opens none starts an implicit scope at its
-first artifact of topic ``metadata`` (the AOT layer emits it first in every compile). The
-scope also keeps the artifacts for ``aotforge.inspect``.
+Dynamo graph (``compile_scope``), the AOT layer one per compile outside torch.compile
+(``ensure_scope``: nothing of a compile stays in the thread after it); a compile that opens
+none starts an implicit scope at its first artifact of topic ``metadata``. The scope also
+keeps the artifacts for ``aotforge.inspect``.
 """
 from __future__ import annotations
 
@@ -151,6 +152,19 @@ def compile_scope(name: str, compile_id: Optional[str] = None,
     finally:
         _local.scope = previous
         _local.explicit -= 1
+
+
+@contextlib.contextmanager
+def ensure_scope(name: str) -> Iterator[CompileScope]:
+    """The compile scope open in this thread (torch.compile's, per Dynamo graph), or a new one
+    for the block. Either way nothing of the compile stays in the thread afterwards: its
+    artifacts (graphs and the tensors they hold) live only as long as whoever keeps the scope
+    (a compiled function's lazy backward, ``aotforge.inspect``'s records)."""
+    if getattr(_local, "explicit", 0):
+        yield current_scope()
+        return
+    with compile_scope(name) as scope:
+        yield scope
 
 
 def rejoin(scope: Optional[CompileScope]) -> contextlib.AbstractContextManager:

@@ -5,6 +5,7 @@ compiled callable per input signature, and dispatches each call to the right one
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Optional, Sequence
@@ -16,9 +17,11 @@ import torch.utils._pytree as pytree
 from ..config import config as global_config
 from ..partition import default_partition
 from .compile import CompileConfig, compile_flat, is_training_call
-from .guards import autocast_state, check_no_fake_constants, closure_state_fn, constant_key
+from .guards import (
+    autocast_state, check_no_fake_constants, closure_state_fn, constant_key, module_state, only_tensors_changed,
+)
 from .schemas import AOTConfig
-from .subclasses import subclass_signature
+from .subclasses import dispatches_itself, subclass_signature
 from .trace import TRACE_LOCK
 
 
@@ -121,7 +124,7 @@ def _signature(flat_args: Sequence, spec_key, dynamic: bool) -> tuple:
             requires_grad = arg.requires_grad
             any_requires_grad = any_requires_grad or requires_grad
             if arg.layout is not torch.strided or arg.is_nested or (
-                type(arg) is not torch.Tensor and hasattr(arg, "__tensor_flatten__")
+                type(arg) is not torch.Tensor and (hasattr(arg, "__tensor_flatten__") or dispatches_itself(type(arg)))
             ):
                 # Subclasses, sparse and nested tensors have no data pointer; unsupported
                 # ones are rejected here with a clear error.
@@ -160,9 +163,16 @@ def aot_function(
     """Trace ``fn``'s forward and backward ahead of time and compile them.
 
     Compilation happens on the first call with a new input signature (shapes, dtypes,
-    devices, requires_grad, non-tensor values, grad mode, module modes, the globals and
-    closure values the function reads); later calls with the same signature reuse the
-    compiled graphs.
+    devices, requires_grad, non-tensor values, grad mode, autocast) or a change in the state
+    the function itself reads: the globals its code names (and the code of same-module helper
+    functions it calls), its closure values (lists, dicts and config objects by their
+    contents), and the modes and attributes of modules among them. Later calls with the same
+    signature and state reuse the compiled graphs.
+
+    State read elsewhere is frozen at trace time (functorch's contract): globals read by
+    functions of other modules, attributes reached through an argument, values read through
+    ``getattr`` with a computed name. Use ``torch.compile(fn, backend="aotforge")`` for full
+    guards on everything the function reads (Dynamo's), or ``aot_module`` for a module.
 
     The keywords are functorch.compile's: ``enable_log`` is accepted for compatibility
     (aotforge logs through AOTFORGE_LOG); ``disable_functionalization=True`` traces the graphs
@@ -174,14 +184,24 @@ def aot_function(
             "be baked into the graph as constants and get no gradients. Use "
             "aotforge.aot_module(module, ...) instead."
         )
+    if not callable(fn):
+        raise TypeError(
+            f"aotforge: aot_function needs a callable to compile, got {type(fn).__name__} "
+            f"({fn!r:.80}); pass the function itself (aot_function(f, ...), not aot_function(f(x), ...))."
+        )
     config = _make_config(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
         keep_inference_input_mutations, inference_compiler, dynamic,
         getattr(fn, "__name__", "function"), disable_functionalization,
     )
-    cache: list[_CacheEntry] = []
     # Globals, closure values and module state the trace may have read: part of every key.
-    outside_state = closure_state_fn(fn)
+    return _compiled_function(fn, config, closure_state_fn(fn))
+
+
+def _compiled_function(fn: Callable, config: CompileConfig, outside_state: Callable[[], tuple]) -> Callable:
+    """``fn`` compiled once per input signature and ``outside_state()`` (what it read
+    besides its arguments)."""
+    cache: list[_CacheEntry] = []
 
     def compile_for(flat_args: list, in_spec, key) -> _CacheEntry:
         if len(cache) >= global_config.cache_size_limit:
@@ -209,6 +229,20 @@ def aot_function(
         run, _, fake_args = compile_flat(
             flat_fn, traced_args, config, is_training=is_training_call(flat_args)
         )
+        state_after = outside_state()
+        if state_after != key[1] and only_tensors_changed(key[1], state_after):
+            # It assigned tensors it computed (a hook setting a weight): the graph computes
+            # them, and later calls find the state the trace left.
+            key = (key[0], state_after)
+        elif state_after != key[1]:
+            raise RuntimeError(
+                f"aotforge: {config.name} changed Python state that it reads (a module attribute, "
+                "a list, dict or object it reads, or a global) while it was traced. A compiled call "
+                "runs the graph only, never the Python code again, so that change would not repeat "
+                "and later calls would disagree with eager. Keep such state in tensors (module "
+                "buffers) or outside the compiled function, or compile with torch.compile(..., "
+                "backend=\"aotforge\"), whose Dynamo frontend replays Python side effects."
+            )
         guard = _shape_guard(fake_args) if config.dynamic else None
 
         def run_flat(all_args: list) -> list:
@@ -268,7 +302,13 @@ def _shape_guard(fake_args: Sequence) -> Optional[Callable]:
 
 def aot_module(mod: nn.Module, *args, **kwargs) -> nn.Module:
     """``aot_function`` for an nn.Module: parameters and buffers are lifted as the first flat
-    inputs, so the compiled graphs are functions of them and gradients reach them."""
+    inputs, so the compiled graphs are functions of them and gradients reach them.
+
+    A graph is reused only while what its trace read is unchanged: each submodule's class,
+    forward (also one assigned on the instance), mode and hooks, the instance and class
+    attributes its forward and the methods it calls name (lists, dicts and config objects by
+    their contents, tensors by identity and version), and the globals they read. A change
+    compiles a new graph."""
     if not isinstance(mod, nn.Module):
         raise TypeError(f"aotforge: aot_module expects an nn.Module, got {type(mod).__name__}; use aot_function")
     check_no_fake_constants(mod)
@@ -277,7 +317,7 @@ def aot_module(mod: nn.Module, *args, **kwargs) -> nn.Module:
     bound.pop("fn")
     bound.pop("enable_log", None)
     dynamic = bound.pop("dynamic", False)
-    _make_config(**{**_CONFIG_DEFAULTS, **bound}, dynamic=dynamic, name=type(mod).__name__)
+    config = _make_config(**{**_CONFIG_DEFAULTS, **bound}, dynamic=dynamic, name=type(mod).__name__)
     # One compiled function per set of parameter and buffer names: adding or removing one
     # changes the graph's inputs, so it must never reuse a graph traced without it.
     compiled_calls: dict[tuple, Callable] = {}
@@ -291,7 +331,11 @@ def aot_module(mod: nn.Module, *args, **kwargs) -> nn.Module:
             return torch.func.functional_call(mod, state, user_args, call_kwargs, tie_weights=False)
 
         functional_call.__name__ = type(mod).__name__
-        return aot_function(functional_call, *args, num_params_buffers=num_params_buffers, **kwargs)
+        call_config = dataclasses.replace(
+            config, num_params_buffers=num_params_buffers, static_input_indices=tuple(range(num_params_buffers)))
+        # The module's state (every submodule's modes, hooks, attributes, class attributes,
+        # forward and the globals it reads) keys the cache.
+        return _compiled_function(functional_call, call_config, lambda: module_state(mod))
 
     class AOTModule(nn.Module):
         """The original module, run through aotforge."""
@@ -299,6 +343,7 @@ def aot_module(mod: nn.Module, *args, **kwargs) -> nn.Module:
         def __init__(self):
             super().__init__()
             self.orig_module = mod
+            self._aotforge_calls = compiled_calls  # the compiled functions, per parameter names
 
         def forward(self, *call_args, **call_kwargs):
             named = [

@@ -6,13 +6,17 @@ function of its own.
 from __future__ import annotations
 
 import dataclasses
+import os
+import traceback
 from typing import Callable, Sequence
 
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound, ShapeEnv
 
 from .. import debug
 from ..config import config as global_config
@@ -72,8 +76,48 @@ def compile_flat(
     Returns ``(run, meta, fake_args)`` where ``run(args_list)`` returns the user's flat outputs.
     """
     check_supported_inputs(flat_args)
-    with TRACE_LOCK:
-        return _compile_flat(flat_fn, flat_args, config, is_training=is_training)
+    # Inputs that are fake already come from Dynamo, which handles data-dependent code itself.
+    from_dynamo = detect_fake_mode(flat_args) is not None
+    with TRACE_LOCK, debug.ensure_scope(config.name):
+        try:
+            return _compile_flat(flat_fn, flat_args, config, is_training=is_training)
+        except _DATA_DEPENDENT_ERRORS as error:
+            if from_dynamo:
+                raise
+            raise NotImplementedError(_data_dependent_message(error, config.name)) from error
+
+
+_DATA_DEPENDENT_ERRORS = (
+    DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
+    PendingUnbackedSymbolNotFound,
+)
+_PACKAGE_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def _data_dependent_message(error: Exception, name: str) -> str:
+    """Our words for fake tensors' data-dependent errors: what the code did, where, and what
+    to do instead."""
+    where = ""
+    for frame, line in traceback.walk_tb(error.__traceback__):
+        if not frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
+            where = f" (at {frame.f_code.co_filename}:{line})"
+    op = getattr(error, "func", None)
+    if isinstance(error, DynamicOutputShapeException) or isinstance(error, PendingUnbackedSymbolNotFound):
+        what = (f"calls {op or 'an op'} whose output shape depends on tensor values (boolean-mask "
+                "indexing x[mask], nonzero, unique, masked_select, ...)")
+        instead = "keep shapes fixed (torch.where(mask, x, 0) instead of x[mask])"
+    else:
+        what = ("reads a tensor's value in Python (.item(), .tolist(), int(t), or `if t:` / "
+                "`if t.sum() > 0:` branching on a tensor)")
+        instead = ("compute on tensors instead (torch.where for a branch on values, torch.cond "
+                   "for one on a scalar tensor)")
+    return (
+        f"aotforge: {name}{where} {what}. A graph compiled ahead of time is traced once for all "
+        "input values, so it cannot depend on them. Compile it with "
+        f"torch.compile(..., backend=\"aotforge\"), whose Dynamo frontend runs such code eagerly "
+        f"and compiles the rest; or {instead}; or do that part outside the compiled function and "
+        f"pass its result in. ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else op})"
+    )
 
 
 def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
@@ -216,7 +260,8 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         compiled_forward = check_outputs_once(
             config.fw_compiler(forward, _placeholder_values(forward)), forward, "fw_compiler"
         )
-    bw_compiler = _checked(_under_current_patches(config.bw_compiler), "bw_compiler")
+    bw_compiler = _checked(_in_scope(_under_current_patches(config.bw_compiler), debug.current_scope()),
+                           "bw_compiler")
     if subclasses is not None:
         # The runtime (autograd.Function) and its epilogue work on the caller's subclasses.
         compiled_forward = subclasses.post_compile(compiled_forward, _output_values(forward)[:num_outputs])
@@ -291,6 +336,16 @@ def _wrapped_compiler(compiler: Callable, wrap: Callable) -> Callable:
     def compile_and_wrap(gm, example_inputs):
         return wrap(compiler(gm, example_inputs))
     return compile_and_wrap
+
+
+def _in_scope(compiler: Callable, scope) -> Callable:
+    """``compiler`` run in this compile's scope: the backward compiles at the first backward
+    call, when no scope is open (and its artifacts belong to this compile)."""
+
+    def compile_in_scope(*args, **kwargs):
+        with debug.rejoin(scope):
+            return compiler(*args, **kwargs)
+    return compile_in_scope
 
 
 def _under_current_patches(compiler: Callable) -> Callable:

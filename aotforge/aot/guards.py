@@ -9,12 +9,19 @@ a cached graph is reused only if the snapshot is equal to the one it was traced 
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import types
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
+
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+from .reads import forward_reads, reads_of
 
 # Non-tensor argument types a graph can be specialized on: compared by value.
 _VALUE_TYPES = (
@@ -72,42 +79,180 @@ def autocast_state() -> tuple:
 
 def module_state(module: nn.Module) -> tuple:
     """Everything about ``module`` and its submodules that a trace of its forward bakes in,
-    apart from the parameter and buffer values (graph inputs): modes, hooks, plain attributes,
-    and which parameters, buffers and submodules exist."""
+    apart from the parameter and buffer values (graph inputs): modes, hooks, which parameters,
+    buffers and submodules exist, each submodule's class and forward, and every value its
+    forward (with the methods, properties and same-module helpers it calls) may read: instance
+    and class attributes of any kind (contents of lists, dicts and config objects included)
+    and globals. ``reads`` finds those names from the code, once per class and forward."""
     parts: list = [_hooks(nn.modules.module._global_forward_hooks), _hooks(nn.modules.module._global_forward_pre_hooks)]
-    for submodule in module.modules():
+    # What a class (and its globals) provides is the same for every instance: read once per call.
+    per_class: dict = {}
+    for submodule in _submodules(module):
         attributes = submodule.__dict__
-        parts.append(submodule.training)
-        parts.append(_hooks(submodule._forward_hooks))
-        parts.append(_hooks(submodule._forward_pre_hooks))
-        parts.append(tuple(attributes["_parameters"]))
-        parts.append(tuple(attributes["_buffers"]))
-        parts.append(tuple(attributes["_modules"]))
-        parts.append(
-            tuple((name, value) for name, value in attributes.items() if isinstance(value, _ATTRIBUTE_TYPES))
+        cls = type(submodule)
+        forward = attributes.get("forward")  # a forward assigned on the instance
+        forward = cls.forward if forward is None else getattr(forward, "__func__", forward)
+        found = per_class.get((cls, forward))
+        if found is None:
+            found = per_class[cls, forward] = forward_reads(cls, forward)
+            reads, _, class_names = found
+            parts.append((
+                cls, forward,
+                tuple(value_state(getattr(cls, name, None), reads.names) for name in class_names),
+                tuple(value_state(scope.get(name), reads.names) for scope, names in reads.globals for name in names),
+            ))
+        forward_hooks, pre_hooks = attributes["_forward_hooks"], attributes["_forward_pre_hooks"]
+        parts += (
+            cls, forward, attributes["training"],
+            _hooks(forward_hooks) if forward_hooks else (),
+            _hooks(pre_hooks) if pre_hooks else (),
+            tuple(attributes["_parameters"]),
+            tuple(attributes["_buffers"]),
+            tuple(attributes["_modules"]),
+            tuple([value if value is None or value.__class__ in _SELF_KEYED else value_state(value, found[0].names)
+                   for value in map(attributes.get, found[1])]),
         )
     return tuple(parts)
+
+
+def _submodules(module: nn.Module) -> list:
+    """``module.modules()`` (each once, in the same order) without building the dotted names."""
+    out, seen = [module], {id(module)}
+    _collect(module, out, seen)
+    return out
+
+
+def _collect(module: nn.Module, out: list, seen: set) -> None:
+    for child in module.__dict__["_modules"].values():
+        if child is not None and id(child) not in seen:
+            seen.add(id(child))
+            out.append(child)
+            _collect(child, out, seen)
 
 
 def _hooks(hooks: dict) -> tuple:
     return tuple((key, id(hook)) for key, hook in hooks.items()) if hooks else ()
 
 
+class _Same:
+    """A cache-key part equal only to a part holding the very same object (tensors and arrays
+    compare elementwise, and an id alone could be reused after the object is freed)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return type(other) is _Same and other.value is self.value
+
+    def __hash__(self):
+        return id(self.value)
+
+    def __repr__(self):
+        return f"<the same {type(self.value).__name__} at {id(self.value):#x}>"
+
+
+# Compared by identity (their == is identity already): rebinding recompiles, and what they
+# do is code, which a new identity stands for.
+_IDENTITY_TYPES = (
+    types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, nn.Module,
+    types.MethodType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
+)
+_CONTAINER_TYPES = (list, tuple, dict, set, frozenset)
+# Values that are their own cache key (equal only to values of their own type, by value or
+# identity): skipping value_state for them keeps the per-call check cheap.
+_SELF_KEYED = frozenset({
+    str, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodType, torch.dtype,
+    torch.device,
+})
+# Containers and objects nest: their contents are read this deep, then compared by identity.
+_MAX_DEPTH = 4
+
+
+def value_state(value: Any, names: frozenset = frozenset(), depth: int = 0) -> Any:
+    """A cache-key form of a value the traced code read: plain values by value (with their
+    type: 2 and 2.0 trace differently), containers by their contents, objects (a config)
+    by the fields among ``names`` (the names the code loads), code and modules by identity,
+    tensors by identity and version."""
+    kind = type(value)
+    if kind is bool or kind is int:  # the common cases first: this runs on every call
+        return (kind, value)
+    if value is None or kind in _SELF_KEYED or isinstance(value, _IDENTITY_TYPES):
+        return value
+    if isinstance(value, _ATTRIBUTE_TYPES):
+        return (kind, constant_key(value) if isinstance(value, (float, complex)) else value)
+    if isinstance(value, torch.Tensor):
+        return _tensor_state(value)
+    if isinstance(value, weakref.ref):  # (an LSTM keeps weak references to its weights)
+        return (weakref.ref, value_state(value(), names, depth + 1))
+    if depth >= _MAX_DEPTH:
+        return _Same(value)
+    if isinstance(value, _CONTAINER_TYPES):
+        if isinstance(value, dict):
+            return (kind, tuple((key, value_state(item, names, depth + 1)) for key, item in value.items()))
+        if isinstance(value, (set, frozenset)):
+            return (kind, frozenset(value))
+        return (kind, tuple(value_state(item, names, depth + 1) for item in value))
+    if isinstance(value, functools.partial):
+        return (kind, value_state(value.func), value_state(value.args, names, depth + 1),
+                value_state(value.keywords, names, depth + 1))
+    fields = getattr(value, "__dict__", None)
+    if fields is None:
+        slots = getattr(kind, "__slots__", ())
+        fields = {name: getattr(value, name, None) for name in ((slots,) if isinstance(slots, str) else slots)}
+    if not fields:
+        return _Same(value)
+    return (_Same(kind), tuple(
+        (name, value_state(field, names, depth + 1)) for name, field in fields.items() if name in names
+    ))
+
+
+def _tensor_state(value: torch.Tensor) -> Any:
+    """Parameters are graph inputs, so an attribute that caches them (an LSTM's
+    ``_flat_weights``, which tracing leaves holding the tracer's stand-ins) adds nothing to the
+    key; any other tensor is a constant of the graph, keyed by identity and version (the
+    compiler may fold a constant's value into the graph, so an in-place change recompiles)."""
+    if isinstance(value, (nn.Parameter, FakeTensor, FunctionalTensor)):
+        return _PARAMETER
+    return (_Same(value), value._version)
+
+
+_PARAMETER = ("parameter",)
+
+
+def only_tensors_changed(before: Any, after: Any) -> bool:
+    """Whether two snapshots differ only where one tensor was replaced by another: what a
+    traced function leaves when it assigns tensors it computed (spectral_norm's hook sets the
+    module's ``weight`` on every call), as opposed to changing Python values it reads."""
+    if before == after or (_is_tensor_state(before) and _is_tensor_state(after)):
+        return True
+    if type(before) is tuple and type(after) is tuple and len(before) == len(after):
+        return all(map(only_tensors_changed, before, after))
+    return False
+
+
+def _is_tensor_state(part: Any) -> bool:
+    return part is _PARAMETER or (
+        type(part) is tuple and len(part) == 2 and type(part[0]) is _Same and isinstance(part[0].value, torch.Tensor)
+    )
+
+
 def closure_state_fn(fn: Callable) -> Callable[[], tuple]:
     """A function returning a snapshot of what ``fn`` reads from outside its arguments: the
-    globals its code names, the values in its closure, and the state of every module among
-    them."""
+    globals its code (and the same-module helper functions it calls) names, the values in its
+    closure, and the state of every module among them. Values read elsewhere (by code in other
+    modules, or through an argument's attributes) are frozen at trace time."""
     code_owner = getattr(fn, "__func__", fn)  # bound methods: the function's code and globals
-    code = getattr(code_owner, "__code__", None)
-    if code is None:
+    if getattr(code_owner, "__code__", None) is None:
         return tuple  # a builtin or a callable object: nothing we can read
-    global_names = sorted(set(_names(code)) & set(code_owner.__globals__))
-    module_globals = code_owner.__globals__
+    reads = reads_of(code_owner)
+    names = reads.names
     cells = list(code_owner.__closure__ or ())
     bound_self = getattr(fn, "__self__", None)
 
     def state() -> tuple:
-        values = [module_globals[name] for name in global_names if name in module_globals]
+        values = [scope[name] for scope, scope_names in reads.globals for name in scope_names if name in scope]
         for cell in cells:
             try:
                 values.append(cell.cell_contents)
@@ -115,26 +260,15 @@ def closure_state_fn(fn: Callable) -> Callable[[], tuple]:
                 values.append(None)
         if bound_self is not None:
             values.append(bound_self)
-        return tuple(_value_state(value) for value in values)
+        return tuple(_value_state(value, names) for value in values)
 
     return state
 
 
-def _names(code: types.CodeType) -> Iterable[str]:
-    yield from code.co_names
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            yield from _names(constant)
-
-
-def _value_state(value: Any) -> Any:
+def _value_state(value: Any, names: frozenset) -> Any:
     if isinstance(value, nn.Module):
-        return (id(value), module_state(value))
-    if isinstance(value, float):
-        return constant_key(value)
-    if isinstance(value, _ATTRIBUTE_TYPES):
-        return value
-    return ("object", id(value))  # functions, modules, tensors: rebinding recompiles
+        return (value, module_state(value))
+    return value_state(value, names)
 
 
 def check_no_fake_constants(module: nn.Module) -> None:

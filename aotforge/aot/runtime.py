@@ -280,14 +280,22 @@ def check_outputs_once(compiled: Callable, gm: fx.GraphModule, compiler_name: st
     """``compiled``, checked on its first call against what ``gm`` returns: the number of
     outputs and, for tensors, dtype, device and (static) shape. A compiler that returns the
     wrong outputs would otherwise give wrong answers or fail far from the cause."""
+    if not callable(compiled):
+        raise TypeError(
+            f"aotforge: {compiler_name} returned {type(compiled).__name__} ({compiled!r:.80}), not a "
+            "callable. A compiler takes (fx.GraphModule, example inputs) and returns a callable that "
+            "runs the graph (for example the GraphModule itself, or make_boxed_func(gm.forward))."
+        )
     (output,) = gm.graph.find_nodes(op="output")
     expected = [node.meta.get("val") if isinstance(node, fx.Node) else node for node in output.args[0]]
+    # Outputs that ATen itself may return as None although tracing promised a tensor.
+    may_be_none = {index for index, node in enumerate(output.args[0]) if _may_return_none(node)}
     checked = [False]
 
     def checked_call(args: list) -> list:
         outputs = call_compiled(compiled, args)
         if not checked[0]:
-            _check_outputs(outputs, expected, compiler_name)
+            _check_outputs(outputs, expected, compiler_name, may_be_none)
             checked[0] = True
         return outputs
 
@@ -296,7 +304,25 @@ def check_outputs_once(compiled: Callable, gm: fx.GraphModule, compiler_name: st
     return checked_call
 
 
-def _check_outputs(outputs: list, expected: list, compiler_name: str) -> None:
+# Attention ops return their philox seed and offset (and, for cuDNN, the sequence outputs)
+# as None when there is no dropout, where their fake implementations give tensors: every
+# output but the attention itself (index 0) may be None.
+_NONE_OUTPUTS_OF = {
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_efficient_attention_forward", "_flash_attention_forward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable",
+}
+
+
+def _may_return_none(node) -> bool:
+    if not isinstance(node, fx.Node) or node.op != "call_function" or len(node.args) != 2:
+        return False
+    source, index = node.args
+    packet = getattr(getattr(source, "target", None), "overloadpacket", None)
+    return index != 0 and getattr(packet, "__name__", None) in _NONE_OUTPUTS_OF
+
+
+def _check_outputs(outputs: list, expected: list, compiler_name: str, may_be_none: set) -> None:
     def fail(what: str) -> None:
         raise RuntimeError(
             f"aotforge: the callable returned by {compiler_name} {what}. A compiler must return "
@@ -307,10 +333,11 @@ def _check_outputs(outputs: list, expected: list, compiler_name: str) -> None:
     if len(outputs) != len(expected):
         fail(f"returned {len(outputs)} outputs, but the graph has {len(expected)}")
     for index, (actual, value) in enumerate(zip(outputs, expected)):
-        # Some ATen ops return None where fake tensors promised a tensor (cuDNN attention's
-        # philox seed and offset without dropout): let None through.
-        if not isinstance(value, torch.Tensor) or actual is None:
+        if not isinstance(value, torch.Tensor) or (actual is None and index in may_be_none):
             continue
+        if actual is None:
+            fail(f"returned None as output {index}, where the graph returns a {tuple(value.shape)} "
+                 f"{value.dtype} tensor")
         if not isinstance(actual, torch.Tensor):
             fail(f"returned {type(actual).__name__} as output {index}, where the graph returns a tensor")
         static_shape = [s if isinstance(s, int) else None for s in value.shape]

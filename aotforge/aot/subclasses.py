@@ -53,7 +53,37 @@ def unsupported_input_message(value: torch.Tensor) -> Optional[str]:
             "function; only jagged nested tensors (torch.nested.nested_tensor(..., "
             "layout=torch.jagged)) can be traced. Build it with layout=torch.jagged."
         )
+    if dispatches_itself(type(value)):
+        return (
+            f"aotforge: an input is a {type(value).__qualname__}, a tensor subclass with its own "
+            "__torch_dispatch__ but without __tensor_flatten__ and __tensor_unflatten__, so "
+            "aotforge cannot reach the plain tensors inside it to trace them. Implement those two "
+            "methods (as torch.testing._internal.two_tensor.TwoTensor does), or pass the inner "
+            "tensor and wrap it inside the function, or call the function eagerly."
+        )
     return None
+
+
+_DISPATCHES_ITSELF: dict[type, bool] = {}
+
+
+def dispatches_itself(cls: type) -> bool:
+    """A tensor subclass that handles its ops in ``__torch_dispatch__`` (a wrapper around
+    other tensors, with no storage of its own) and cannot flatten itself. Fake and functional
+    tensors are aotforge's own tracing tensors, not the user's. Cached per class: checked on
+    every call of a compiled function."""
+    found = _DISPATCHES_ITSELF.get(cls)
+    if found is None:
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor
+
+        dispatch = getattr(cls.__torch_dispatch__, "__func__", cls.__torch_dispatch__)
+        default = getattr(torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__)
+        found = _DISPATCHES_ITSELF[cls] = (
+            dispatch is not default and not issubclass(cls, (FakeTensor, FunctionalTensor))
+            and not hasattr(cls, "__tensor_flatten__")
+        )
+    return found
 
 
 def check_supported_inputs(flat_args: Sequence) -> None:

@@ -127,7 +127,7 @@ def size_vars(gm: fx.GraphModule) -> SizeVars:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
 
     def offer(value: Any, source: tuple) -> None:
-        if isinstance(value, torch.SymInt):
+        if isinstance(value, torch.SymInt) and not _is_nested_int(value):
             expr = value.node.expr
             if isinstance(expr, sympy.Symbol) and is_size_symbol(expr) and expr not in sources:
                 sources[expr] = source
@@ -157,6 +157,14 @@ def size_vars(gm: fx.GraphModule) -> SizeVars:
     return SizeVars(sources, hints) if sources else STATIC
 
 
+def _is_nested_int(value: torch.SymInt) -> bool:
+    """A jagged nested tensor's ragged size (``j1``), or a symbol standing for one: its value at
+    run time is a nested int, not a number, so no kernel size can be read from it. (Dynamo
+    passes it to graphs that rebuild nested tensors; the graph's own sizes never use it.)"""
+    node = value.node
+    return not hasattr(node, "expr") or isinstance(node.hint, torch.SymInt)
+
+
 def _hint(value: torch.SymInt) -> int:
     hint = value.node.hint
     if hint is None:
@@ -168,7 +176,8 @@ def _symbolic_values(val: Any) -> list:
     out: list = []
     for leaf in (val if isinstance(val, (list, tuple)) else [val]):
         if isinstance(leaf, torch.SymInt):
-            out.append(leaf)
+            if not _is_nested_int(leaf):  # passed through for the runtime, never a kernel size
+                out.append(leaf)
         elif isinstance(leaf, torch.Tensor):
             out += [v for v in (*leaf.shape, *leaf.stride(), leaf.storage_offset()) if isinstance(v, torch.SymInt)]
         elif isinstance(leaf, (torch.SymFloat, torch.SymBool)):

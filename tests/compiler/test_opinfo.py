@@ -127,7 +127,9 @@ def test_op_matches_eager(info, dtype):
         with config.patch(triton_on_cpu=True):
             try:
                 actual = compiled(*tensors)
-            except torch._subclasses.fake_tensor.DataDependentOutputException:
+            except NotImplementedError as error:
+                if not isinstance(error.__cause__, torch._subclasses.fake_tensor.DataDependentOutputException):
+                    raise
                 continue  # the op reads tensor data at trace time (narrow by a tensor): not traceable
         actual_outputs = _float_outputs(actual)
         assert len(actual_outputs) == len(expected_outputs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -18,8 +19,9 @@ from ..schedule import KernelPlan, MemoryPlan
 from . import launch
 
 # launchers by (kernel source name, numel, rnumel): identical kernels of any graph share one,
-# so each is compiled and autotuned once per process
-_launchers: dict[tuple, Any] = {}
+# so each is compiled and autotuned once while some graph uses it; a launcher (with its
+# module) goes when the last graph using it does
+_launchers: "weakref.WeakValueDictionary[tuple, Any]" = weakref.WeakValueDictionary()
 _launchers_lock = threading.Lock()
 
 
@@ -101,6 +103,7 @@ def _launcher(source: KernelSource) -> Any:
                            source.rnumel, source.reduction_contiguous, source.mutates,
                            arg_dtypes=None if None in source.dtypes else source.dtypes,
                            hints=source.hints if source.dynamic else None)
+    kernel.module = module  # the module lives as long as a kernel of it
     with _launchers_lock:
         return _launchers.setdefault(key, kernel)
 
