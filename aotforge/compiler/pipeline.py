@@ -33,7 +33,7 @@ from .codegen.triton import emit_kernels
 from .codegen.wrapper import emit_wrapper
 from .decompositions import select_decomposition_table
 from .lowering import lower
-from .runtime import compile_pool, compiled as runtime
+from .runtime import compile_pool, compiled as runtime, graph_cache
 from .runtime.compiled import CompiledGraph
 from .schedule import analyze_reads, fuse, plan_memory
 from .sizes import SizeVars, UnsupportedSize, size_vars
@@ -92,6 +92,12 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     if not _has_calls(gm):
         return _boxed(_aten_graph(kind, gm, {}))
     clock = _Stopwatch(_take_aot_timings(kind, aot_timings))
+    # keyed on the graph as handed over (before any pass); a hit skips every stage below
+    cache, hit = graph_cache.lookup(kind, gm, example_inputs, _run_fx(gm)) if _wants_triton(gm) else (None, None)
+    if hit is not None:
+        hit.timings = {**clock.timings, **hit.timings}
+        _log_output_code(hit)
+        return _boxed(hit)
     compile_pool.start_if_useful()  # workers boot while this graph is lowered
     with clock("post_grad_passes"):
         _ensure_fake_values(gm, example_inputs)
@@ -102,7 +108,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         # FX's generated code: one ATen call per node, frees at last use
         return _boxed(_aten_graph(kind, gm, clock.timings))
     try:
-        return _boxed(_compile_to_kernels(kind, gm, sizes, clock))
+        compiled = _compile_to_kernels(kind, gm, sizes, clock)
     except Exception as error:  # noqa: BLE001
         if not sizes.dynamic:
             raise
@@ -111,6 +117,8 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         log.warning("aotforge: a %s graph with symbolic sizes runs as ATen calls: compiling it failed "
                     "(%s: %s)", kind, type(error).__name__, error)
         return _boxed(_aten_graph(kind, gm, clock.timings))
+    graph_cache.store(cache, compiled)
+    return _boxed(compiled)
 
 
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
@@ -129,9 +137,13 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
                             run_aten_graph=_run_fx(gm))
-    debug.artifact("output_code", f"{kind}_kernels", compiled.kernel_source)
-    debug.artifact("output_code", f"{kind}_wrapper", compiled.wrapper_source)
+    _log_output_code(compiled)
     return compiled
+
+
+def _log_output_code(compiled: CompiledGraph) -> None:
+    debug.artifact("output_code", f"{compiled.kind}_kernels", compiled.kernel_source)
+    debug.artifact("output_code", f"{compiled.kind}_wrapper", compiled.wrapper_source)
 
 
 def _boxed(compiled: CompiledGraph) -> Callable:

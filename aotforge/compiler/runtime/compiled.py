@@ -39,6 +39,8 @@ class CompiledGraph:
     # seconds the compile pool's workers spent on this graph's kernels (in parallel, so not
     # part of the stages above: compare with pool_wait to see whether the pool kept up)
     pool_seconds: float = 0.0
+    # loaded from the compiled-graph cache: no lowering records, only their counts
+    cached_stats: Optional[dict] = None
 
     @property
     def path(self) -> str:
@@ -59,10 +61,13 @@ class CompiledGraph:
     def stats(self) -> dict:
         if self.program is None:
             return dict(path="aten", kind=self.kind, kernels=0, seconds=sum(self.timings.values()))
-        externs = len(self.kernel_plan.steps) - len(self.kernels)
+        if self.cached_stats is not None:
+            counts = dict(self.cached_stats)
+        else:
+            counts = dict(externs=len(self.kernel_plan.steps) - len(self.kernels), lowered=dict(self.lowered.lowered_ops),
+                          fallbacks=dict(self.lowered.fallback_ops), lowering_errors=list(self.lowered.lowering_errors))
         return dict(path="triton", kind=self.kind, kernels=len(self.kernels), unique_kernels=len({k.name for k in self.kernels}),
-                    externs=externs, lowered=dict(self.lowered.lowered_ops), fallbacks=dict(self.lowered.fallback_ops),
-                    lowering_errors=list(self.lowered.lowering_errors), wrapper=self.wrapper_source,
+                    **counts, wrapper=self.wrapper_source,
                     kernel_source=self.kernel_source, seconds=sum(self.timings.values()), timings=dict(self.timings))
 
     def describe_timings(self) -> str:
@@ -73,6 +78,8 @@ class CompiledGraph:
 
     def __str__(self) -> str:
         sections = [f"# {self.kind} graph, {self.path} path", self.describe_timings()]
+        if self.cached_stats is not None:
+            sections.append("(loaded from the compiled-graph cache: no lowering records)")
         for title, record in (("lowered graph", self.lowered), ("kernel plan", self.kernel_plan),
                               ("memory plan", self.memory_plan)):
             if record is not None:
