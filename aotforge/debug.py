@@ -143,6 +143,12 @@ def current_scope() -> Optional[CompileScope]:
     return getattr(_local, "scope", None)
 
 
+def compile_name() -> Optional[str]:
+    """The name of the compile scope opened around this code (not an implicit one)."""
+    scope = current_scope()
+    return scope.name if scope is not None and getattr(_local, "explicit", 0) else None
+
+
 @contextlib.contextmanager
 def compile_scope(name: str, compile_id: Optional[str] = None,
                   scope: Optional[CompileScope] = None,

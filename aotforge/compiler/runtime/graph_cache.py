@@ -44,6 +44,8 @@ from .compiled import CompiledGraph
 FORMAT = 1
 # Constants above this many bytes in all are not stored (the entry would be a copy of weights).
 MAX_CONSTANT_BYTES = 64 << 20
+# Variants kept per key (one per set of shape guards the graph was compiled under).
+MAX_VARIANTS = 4
 
 
 class Uncacheable(Exception):
@@ -72,26 +74,36 @@ def lookup(kind: str, gm: fx.GraphModule, example_inputs: Sequence[Any],
     if not config.cache:
         return None, None
     started = time.perf_counter()
-    scope = debug.current_scope()
-    name = f"{scope.name if scope is not None else 'graph'}:{kind}"
+    name = f"{debug.compile_name() or 'graph'}:{kind}"
     try:
         found = _key(kind, name, gm, example_inputs)
     except Uncacheable as reason:
         debug.note("cache", f"{name}: not cached ({reason})")
+        return None, None
+    except Exception as error:  # noqa: BLE001  a cache costs time, never the compile
+        debug.log_once("cache", f"key:{type(error).__name__}:{error}",
+                       f"{name}: not cached (computing its key failed: {type(error).__name__}: {error})")
         return None, None
     keyed = time.perf_counter()
     entry = keys.read_entry(_path(found.key), found.key, FORMAT)
     if entry is None:
         debug.note("cache", f"{name}: compiled-graph miss ({keys.explain_miss('graph', name, found.parts)})")
         return found, None
-    failed = _failed_guard(entry, found.symbols)
-    if failed is not None:
-        debug.note("cache", f"{name}: compiled-graph miss (the sizes are outside the entry's guards: {failed})")
+    variants = entry.get("variants")
+    if not isinstance(variants, list):
+        disk_cache.warn_bad_entry(_path(found.key), "it holds no compiled graphs")
+        debug.note("cache", f"{name}: compiled-graph miss (the entry holds no compiled graphs)")
         return found, None
+    failures = [_failed_guard(v, found.symbols) for v in variants]
+    if None not in failures:
+        debug.note("cache", f"{name}: compiled-graph miss (the sizes are outside the entry's guards: {failures[0]})")
+        return found, None
+    entry = variants[failures.index(None)]
     try:
         compiled = _load(entry, kind, run_aten_graph, {"cache_key": keyed - started})
     except Exception as error:  # noqa: BLE001  any entry we cannot rebuild from: compile instead
         disk_cache.warn_bad_entry(_path(found.key), f"it cannot be loaded: {type(error).__name__}: {error}")
+        debug.note("cache", f"{name}: compiled-graph miss (the entry cannot be loaded)")
         return found, None
     compiled.timings["cache_load"] = time.perf_counter() - keyed - compiled.timings.get("load", 0.0)
     debug.note("cache", f"{name}: compiled-graph hit ({found.key[:16]})")
@@ -108,7 +120,17 @@ def store(found: Optional[Lookup], compiled: CompiledGraph) -> None:
     except Uncacheable as reason:
         debug.note("cache", f"{found.name}: not stored ({reason})")
         return
-    keys.write_entry(_path(found.key), found.key, FORMAT, body)
+    except Exception as error:  # noqa: BLE001  a cache costs time, never the compile
+        debug.log_once("cache", f"store:{type(error).__name__}:{error}",
+                       f"{found.name}: not stored (describing it failed: {type(error).__name__}: {error})")
+        return
+    # One entry per key holds a variant per set of shape guards (the same graph compiled under
+    # other guards); the last few are kept. Processes storing at once may drop one another's
+    # variant: that costs a later miss, never a wrong answer.
+    existing = keys.read_entry(_path(found.key), found.key, FORMAT) or {}
+    variants = [v for v in existing.get("variants", []) if isinstance(v, dict)
+                and (v.get("symbols"), v.get("guards")) != (body["symbols"], body["guards"])]
+    keys.write_entry(_path(found.key), found.key, FORMAT, {"variants": variants[-(MAX_VARIANTS - 1):] + [body]})
     keys.remember_parts("graph", found.name, found.parts)
 
 
@@ -276,10 +298,8 @@ def _shape_guards(example_inputs: Sequence[Any]) -> tuple[dict, list]:
 
 
 def _bound(value: Any) -> Optional[int]:
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return None  # unbounded
+    """A range's end as an int; None for an unbounded end (torch's int_oo, sympy's oo)."""
+    return int(value) if isinstance(value, (int, sympy.Integer)) else None
 
 
 _SYMPY_NAMES: Optional[dict] = None
@@ -316,6 +336,13 @@ def _evaluate(text: str, hints: dict) -> Optional[bool]:
 
 def _failed_guard(entry: dict, symbols: dict) -> Optional[str]:
     """Why the current sizes fall outside the entry's guards, or None when they do not."""
+    try:
+        return _check_guards(entry, symbols)
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
+        return f"its guards cannot be read ({type(error).__name__}: {error})"
+
+
+def _check_guards(entry: dict, symbols: dict) -> Optional[str]:
     stored = entry.get("symbols", {})
     if set(stored) != set(symbols):
         return f"its size symbols are {sorted(stored)}, these are {sorted(symbols)}"

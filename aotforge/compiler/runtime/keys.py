@@ -144,5 +144,5 @@ def explain_miss(kind: str, name: str, parts: dict) -> str:
     closest = min(recent, key=lambda p: sum(p.get(k) != v for k, v in parts.items()))
     changed = sorted(k for k, v in parts.items() if closest.get(k) != v)
     if not changed:
-        return "the entry is missing (cleared, or written by a process that has not finished)"
+        return "its entry is missing or damaged (cleared, cut short, or still being written)"
     return "changed: " + ", ".join(changed)
