@@ -261,3 +261,32 @@ def test_folder_in_place_of_entry_is_survived(cache_on, capsys):
     disk_cache._warned.clear()
     with pytest.warns(CacheEntryWarning):
         compile_and_check(scaled_row_sum, X, Y, capsys=capsys)
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+def test_cache_info_and_clear(cache_on, capsys):
+    from aotforge.cli import main
+
+    compile_and_check(scaled_row_sum, X, Y)
+    (cache_on / "notes.txt").write_text("not ours")
+    capsys.readouterr()
+    assert main(["cache", "info"]) == 0
+    info = capsys.readouterr().out
+    assert str(cache_on) in info
+    assert [line.split()[2] for line in info.splitlines() if "compiled graphs" in line] == ["1"]
+    assert [line.split()[2] for line in info.splitlines() if "kernel modules" in line] == ["1"]
+    assert main(["cache", "clear"]) == 0
+    assert "removed 3 entries" in capsys.readouterr().out  # the graph, its kernel, the miss index
+    assert sorted(p.name for p in cache_on.iterdir()) == ["notes.txt"]  # only aotforge's entries
+
+
+def test_cache_info_on_a_folder_it_would_not_use(tmp_path, monkeypatch, capsys):
+    from aotforge.cli import main
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(config, "cache_dir", str(shared))
+    assert main(["cache", "clear"]) == 1
+    assert "writable by other users" in capsys.readouterr().out
