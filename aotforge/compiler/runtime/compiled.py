@@ -91,7 +91,7 @@ class CompiledGraph:
         return "\n\n".join(sections)
 
 
-def _launcher(source: KernelSource) -> Any:
+def _launcher(source: KernelSource, precompile: bool) -> Any:
     key = (source.name, source.numel, source.rnumel)
     with _launchers_lock:
         found = _launchers.get(key)
@@ -102,20 +102,24 @@ def _launcher(source: KernelSource) -> Any:
     # with the argument dtypes the kernel is handed to the compile pool at once (GPU only)
     kernel = launch.Kernel(getattr(module, source.name), source.name, source.source, source.kind, source.numel,
                            source.rnumel, source.reduction_contiguous, source.mutates,
-                           arg_dtypes=None if None in source.dtypes else source.dtypes,
+                           arg_dtypes=None if None in source.dtypes or not precompile else source.dtypes,
                            hints=source.hints if source.dynamic else None)
     with _launchers_lock:
         return _launchers.setdefault(key, kernel)
 
 
 def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
-         program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None) -> CompiledGraph:
+         program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None,
+         precompile: bool = True) -> CompiledGraph:
     """``run_aten_graph``: the graph's own ATen calls, for a call whose symbolic sizes are
-    too large for the kernels' 32-bit indexing."""
+    too large for the kernels' 32-bit indexing. ``precompile``: hand the kernels to the
+    compile pool (False for a graph from the compiled-graph cache: Triton's cache holds its
+    binaries, and loading one at the first launch is quicker than a worker's round trip)."""
     started = time.perf_counter()
     # longest sources first: each launcher hands its kernel to the compile pool as it is made,
     # and starting the slowest compiles first keeps the pool's last round short
-    launchers = {source.group: _launcher(source) for source in sorted(kernels, key=lambda k: -len(k.source))}
+    launchers = {source.group: _launcher(source, precompile)
+                 for source in sorted(kernels, key=lambda k: -len(k.source))}
     namespace = dict(program.namespace)
     namespace.update(launchers)
     namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,

@@ -461,6 +461,6 @@ def _load(entry: dict, kind: str, run_aten_graph: Callable[[list], Any], timings
     namespace = {name: _object(described, blobs) for name, described in entry["namespace"].items()}
     kernels = tuple(_kernel(k) for k in entry["kernels"])
     compiled = runtime.load(kind, None, None, None, kernels, Program(entry["wrapper"], namespace), timings,
-                            run_aten_graph=run_aten_graph)
+                            run_aten_graph=run_aten_graph, precompile=False)
     compiled.cached_stats = dict(entry["stats"])
     return compiled
