@@ -169,6 +169,7 @@ def _compile(gm: fx.GraphModule, example_inputs, patches: dict, kwargs: dict) ->
 
                 compiled = verified(reference, compiled, kind=kind, patches=patches)
         return compiled
+    inner_compile.aot_cacheable = True  # type: ignore[attr-defined]  (compile_fx_inner's graphs)
 
     with _compile_scope(recorder, gm), _source_lines_kept(gm):
         compiled = compile_fx(gm, example_inputs, inner_compile=inner_compile, **kwargs)

@@ -16,6 +16,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import debug
 from ..config import config as global_config
+from . import cache as aot_cache
 from .effects import partition_with_effects
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
@@ -140,7 +141,14 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
                                 subclasses)
     else:
         run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, random_ops, subclasses)
-    return apply_post_compile(run, transforms), meta, original_fake_args
+    wrapped = apply_post_compile(run, transforms)
+    # the compile as plain data, for the AOT cache (or why there is none)
+    try:
+        wrapped.aot_plan = aot_cache.describe(run, meta, transforms, subclasses)
+    except aot_cache.NotDescribable as reason:
+        wrapped.aot_plan = None
+        wrapped.aot_plan_missing = str(reason)
+    return wrapped, meta, original_fake_args
 
 
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode, random_ops,

@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 
 from .. import debug
 from ..config import config
-from . import passes
+from . import aot_cache, passes
 from .codegen.triton import emit_kernels
 from .codegen.wrapper import emit_wrapper
 from .decompositions import select_decomposition_table
@@ -119,6 +119,11 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         return _boxed(_aten_graph(kind, gm, clock.timings))
     graph_cache.store(cache, compiled)
     return _boxed(compiled)
+
+
+# its compiled graphs are what the compiled-graph cache holds: an AOT compile through it can
+# be cached whole (compiler/aot_cache.py); a compiler of the caller's own cannot
+compile_fx_inner.aot_cacheable = True  # type: ignore[attr-defined]
 
 
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
@@ -284,6 +289,7 @@ def _patched(compiler: Callable, config_patches: dict) -> Callable:
     def compile_patched(*args: Any, **kwargs: Any) -> Callable:
         with config.patch(**config_patches):
             return compiler(*args, **kwargs)
+    compile_patched.aot_cacheable = getattr(compiler, "aot_cacheable", False)  # type: ignore[attr-defined]
     return compile_patched
 
 
@@ -320,16 +326,24 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
 
     from ..aot import aot_module_simplified
 
+    # the whole AOT compile from disk, when this Dynamo graph was compiled by an earlier process
+    cache, hit = aot_cache.lookup(model, example_inputs, inner_compile, _boxed) if decompositions is None \
+        else (None, None)
+    if hit is not None:
+        return hit
     table = select_decomposition_table(decompositions)
     aot_timings = {"started": time.perf_counter()}  # trace and partition seconds, for the breakdown
     forward = functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings)
     backward = functools.partial(inner_compile, is_backward=True)
     inference = functools.partial(inner_compile, is_inference=True, aot_timings=aot_timings)
-    return aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
-                                 inference_compiler=inference, decompositions=table,
-                                 partition_fn=_partitioner(aot_timings), keep_inference_input_mutations=True,
-                                 # both graphs' kernels go to the compile pool at once
-                                 compile_backward_now=True)
+    with graph_cache.capture() as graph_keys:  # the compiled-graph entries the AOT entry refers to
+        compiled = aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
+                                         inference_compiler=inference, decompositions=table,
+                                         partition_fn=_partitioner(aot_timings), keep_inference_input_mutations=True,
+                                         # both graphs' kernels go to the compile pool at once
+                                         compile_backward_now=True)
+    aot_cache.store(cache, compiled, graph_keys)
+    return compiled
 
 
 def _returns_tuple(gm: fx.GraphModule) -> bool:

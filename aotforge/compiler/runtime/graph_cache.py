@@ -25,10 +25,12 @@ the kernel modules already are). A bad entry is ignored with one warning and reb
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
+import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import sympy
 import torch
@@ -60,7 +62,6 @@ class Lookup:
     name: str  # for explaining misses: the compile's name and the graph's kind
     key: str
     parts: dict  # key part -> its digest
-    constants: dict  # get_attr target -> tensor, of the graph as handed over
     symbols: dict  # size symbol name -> (hint, lower bound, upper bound) in this compile
     guards: list  # the shape guards in force, as text
 
@@ -84,30 +85,42 @@ def lookup(kind: str, gm: fx.GraphModule, example_inputs: Sequence[Any],
         debug.log_once("cache", f"key:{type(error).__name__}:{error}",
                        f"{name}: not cached (computing its key failed: {type(error).__name__}: {error})")
         return None, None
-    keyed = time.perf_counter()
-    entry = keys.read_entry(_path(found.key), found.key, FORMAT)
+    compiled = load(kind, found.key, found.symbols, run_aten_graph, name, found.parts,
+                    {"cache_key": time.perf_counter() - started})
+    if compiled is not None:
+        _captured(kind, found.key)
+    return found, compiled
+
+
+def load(kind: str, key: str, symbols: dict, run_aten_graph: Optional[Callable[[list], Any]], name: str,
+         parts: Optional[dict] = None, timings: Optional[dict] = None) -> Optional[CompiledGraph]:
+    """The compiled graph stored under ``key`` whose guards hold for ``symbols``; None (with
+    the reason under AOTFORGE_LOG=cache, and a warning for a bad entry) when there is none."""
+    started = time.perf_counter()
+    path = _path(key)
+    entry = keys.read_entry(path, key, FORMAT)
     if entry is None:
-        debug.note("cache", f"{name}: compiled-graph miss ({keys.explain_miss('graph', name, found.parts)})")
-        return found, None
+        why = keys.explain_miss("graph", name, parts) if parts is not None else "no entry"
+        debug.note("cache", f"{name}: compiled-graph miss ({why})")
+        return None
     variants = entry.get("variants")
     if not isinstance(variants, list):
-        disk_cache.warn_bad_entry(_path(found.key), "it holds no compiled graphs")
+        disk_cache.warn_bad_entry(path, "it holds no compiled graphs")
         debug.note("cache", f"{name}: compiled-graph miss (the entry holds no compiled graphs)")
-        return found, None
-    failures = [_failed_guard(v, found.symbols) for v in variants]
+        return None
+    failures = [_failed_guard(v, symbols) for v in variants]
     if None not in failures:
         debug.note("cache", f"{name}: compiled-graph miss (the sizes are outside the entry's guards: {failures[0]})")
-        return found, None
-    entry = variants[failures.index(None)]
+        return None
     try:
-        compiled = _load(entry, kind, run_aten_graph, {"cache_key": keyed - started})
+        compiled = _load(variants[failures.index(None)], kind, run_aten_graph, dict(timings or {}))
     except Exception as error:  # noqa: BLE001  any entry we cannot rebuild from: compile instead
-        disk_cache.warn_bad_entry(_path(found.key), f"it cannot be loaded: {type(error).__name__}: {error}")
+        disk_cache.warn_bad_entry(path, f"it cannot be loaded: {type(error).__name__}: {error}")
         debug.note("cache", f"{name}: compiled-graph miss (the entry cannot be loaded)")
-        return found, None
-    compiled.timings["cache_load"] = time.perf_counter() - keyed - compiled.timings.get("load", 0.0)
-    debug.note("cache", f"{name}: compiled-graph hit ({found.key[:16]})")
-    return found, compiled
+        return None
+    compiled.timings["cache_load"] = time.perf_counter() - started - compiled.timings.get("load", 0.0)
+    debug.note("cache", f"{name}: compiled-graph hit ({key[:16]})")
+    return compiled
 
 
 def store(found: Optional[Lookup], compiled: CompiledGraph) -> None:
@@ -132,6 +145,30 @@ def store(found: Optional[Lookup], compiled: CompiledGraph) -> None:
                 and (v.get("symbols"), v.get("guards")) != (body["symbols"], body["guards"])]
     keys.write_entry(_path(found.key), found.key, FORMAT, {"variants": variants[-(MAX_VARIANTS - 1):] + [body]})
     keys.remember_parts("graph", found.name, found.parts)
+    _captured(found.kind, found.key)
+
+
+# --- which entries an AOT compile used (the AOT cache refers to them) ---------------------------------
+
+_capture = threading.local()
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[dict]:
+    """Collect, per graph kind, the key of every graph compiled in this thread inside the block
+    that the cache holds (loaded from it, or stored in it)."""
+    keys_by_kind: dict = {}
+    previous, _capture.current = getattr(_capture, "current", None), keys_by_kind
+    try:
+        yield keys_by_kind
+    finally:
+        _capture.current = previous
+
+
+def _captured(kind: str, key: str) -> None:
+    current = getattr(_capture, "current", None)
+    if current is not None:
+        current[kind] = key
 
 
 def _path(key: str) -> str:
@@ -140,20 +177,28 @@ def _path(key: str) -> str:
 
 # --- the key ---------------------------------------------------------------------------------
 
-def _key(kind: str, name: str, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Lookup:
-    constants = _constants(gm)
-    symbols, guards = _shape_guards(example_inputs)
-    parts = {
+def graph_digests(gm: fx.GraphModule, lifted: frozenset = frozenset()) -> dict:
+    """Digests of the graph's code and of its constants' bytes (``lifted``: get_attr targets
+    that are inputs at run time, as a module's parameters are under AOT)."""
+    constants = {k: v for k, v in _constants(gm).items() if k not in lifted}
+    return {
         "graph": disk_cache.digest(graph_text(gm)),
         "constants": disk_cache.digest(b"".join(_constant_digest(t).encode() for t in constants.values())
                                        + json.dumps(sorted(constants)).encode()),
+    }
+
+
+def _key(kind: str, name: str, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Lookup:
+    symbols, guards = _shape_guards(example_inputs)
+    parts = {
+        **graph_digests(gm),
         "inputs": disk_cache.digest(json.dumps([input_description(x) for x in example_inputs])),
         "kind": kind,
         "config": keys.config_digest(),
-        "versions": keys.versions_digest(_devices(example_inputs, gm)),
+        "versions": keys.versions_digest(devices(example_inputs, gm)),
     }
     key = disk_cache.digest(json.dumps(parts, sort_keys=True))
-    return Lookup(kind, name, key, parts, constants, symbols, guards)
+    return Lookup(kind, name, key, parts, symbols, guards)
 
 
 def graph_text(gm: fx.GraphModule) -> str:
@@ -245,7 +290,7 @@ def input_description(value: Any) -> Any:
     raise Uncacheable(f"an input of type {type(value).__name__}")
 
 
-def _devices(example_inputs: Sequence[Any], gm: fx.GraphModule) -> list[str]:
+def devices(example_inputs: Sequence[Any], gm: fx.GraphModule) -> list[str]:
     devices = {str(x.device) for x in example_inputs if isinstance(x, torch.Tensor)}
     for node in gm.graph.nodes:
         value = node.meta.get("val")
