@@ -104,6 +104,20 @@ def test_damaged_entry_recompiles(cache_on, capsys, cut):
     assert "AOT hit" in compile_and_check(capsys)  # rebuilt
 
 
+def test_swapped_entry_recompiles(cache_on, capsys):
+    """Another compile's (well-sealed) entry under this compile's name is refused by its key."""
+    compile_and_check(capsys, fn=other_step)
+    other = aot_entry(cache_on)
+    other_bytes = other.read_bytes()
+    other.unlink()
+    compile_and_check(capsys)
+    path = aot_entry(cache_on)
+    path.write_bytes(other_bytes)
+    with pytest.warns(CacheEntryWarning, match="made for another key"):
+        assert "AOT miss" in compile_and_check(capsys)
+    assert "AOT hit" in compile_and_check(capsys)
+
+
 def test_entry_whose_graph_is_gone_recompiles(cache_on, capsys):
     compile_and_check(capsys)
     for path in cache_on.glob("graph_*.json"):

@@ -38,9 +38,8 @@ def source_digest() -> str:
     """A hash of aotforge's own source files (an edited aotforge compiles differently)."""
     global _source_digest
     if _source_digest is None:
-        import aotforge
-
-        root = os.path.dirname(os.path.abspath(aotforge.__file__))
+        # aotforge/compiler/runtime/keys.py -> aotforge/
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         parts = []
         for folder, subfolders, files in os.walk(root):
             subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
