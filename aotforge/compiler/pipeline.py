@@ -297,7 +297,6 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
                inner_compile: Callable = compile_fx_inner, config_patches: Optional[dict] = None,
                decompositions: Optional[dict] = None) -> Callable:
     """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend."""
-    compile_pool.start_if_useful()  # workers boot while the graph is traced and partitioned
     if config_patches:
         with config.patch(**config_patches):  # unknown options fail here, at once
             pass
@@ -331,6 +330,7 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
         else (None, None)
     if hit is not None:
         return hit
+    compile_pool.start_if_useful()  # workers boot while the graph is traced and partitioned
     table = select_decomposition_table(decompositions)
     aot_timings = {"started": time.perf_counter()}  # trace and partition seconds, for the breakdown
     forward = functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings)

@@ -405,7 +405,7 @@ def _check_guards(entry: dict, symbols: dict) -> Optional[str]:
 
 def _entry(found: Lookup, compiled: CompiledGraph) -> dict:
     blobs: list[str] = []
-    namespace = {name: _describe_object(value, blobs) for name, value in compiled.program.namespace.items()}
+    namespace = {name: describe_object(value, blobs) for name, value in compiled.program.namespace.items()}
     if sum(len(b) for b in blobs) * 3 // 4 > MAX_CONSTANT_BYTES:
         raise Uncacheable(f"its constants are larger than {MAX_CONSTANT_BYTES >> 20} MiB")
     return {
@@ -420,7 +420,7 @@ def _entry(found: Lookup, compiled: CompiledGraph) -> dict:
     }
 
 
-def _describe_object(value: Any, blobs: list) -> dict:
+def describe_object(value: Any, blobs: list) -> dict:
     """A wrapper namespace entry as plain data."""
     if isinstance(value, torch.device):
         return {"device": str(value)}
@@ -441,7 +441,7 @@ def _describe_object(value: Any, blobs: list) -> dict:
     raise Uncacheable(f"the wrapper refers to a {type(value).__name__}")
 
 
-def _object(described: dict, blobs: list) -> Any:
+def rebuild_object(described: dict, blobs: list) -> Any:
     (kind, value), = described.items()
     if kind == "device":
         return torch.device(value)
@@ -503,7 +503,7 @@ def _load(entry: dict, kind: str, run_aten_graph: Callable[[list], Any], timings
     if entry.get("kind") != kind:
         raise ValueError(f"it holds a {entry.get('kind')} graph, not a {kind} graph")
     blobs = entry["blobs"]
-    namespace = {name: _object(described, blobs) for name, described in entry["namespace"].items()}
+    namespace = {name: rebuild_object(described, blobs) for name, described in entry["namespace"].items()}
     kernels = tuple(_kernel(k) for k in entry["kernels"])
     compiled = runtime.load(kind, None, None, None, kernels, Program(entry["wrapper"], namespace), timings,
                             run_aten_graph=run_aten_graph, precompile=False)
