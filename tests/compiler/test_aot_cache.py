@@ -152,3 +152,15 @@ def test_verify_and_callers_compilers_are_not_cached(cache_on, capsys):
     x, w, b = make_inputs()
     compiled(x, w, b)
     assert not list(cache_on.glob("compile_*.json"))
+
+
+def test_cpu_graphs_that_run_as_fx_hit(cache_on, capsys, monkeypatch):
+    """On the CPU (no Triton path) the graphs run as their own FX code: the entry holds that
+    code; a hit skips tracing and partitioning all the same."""
+    monkeypatch.setattr(config, "triton_on_cpu", False)
+    assert "AOT miss (nothing stored yet" in compile_and_check(capsys)
+    assert "AOT hit" in compile_and_check(capsys)
+    assert "AOT miss (changed: mode)" in compile_and_check(capsys, grad=False)  # inference: its own entry
+    assert "AOT hit" in compile_and_check(capsys, grad=False)
+    (entry,) = [p for p in cache_on.glob("compile_*.json") if b'"training": true' in p.read_bytes()]
+    assert b"def forward(self" in entry.read_bytes()  # the FX code, not compiled-graph keys

@@ -5,7 +5,8 @@ the cache's hit/miss messages.
 
     python cache_worker.py CASE CACHE_DIR [SIZE]
 
-("inference" runs ``mlp`` under no_grad.)
+("inference" runs ``mlp`` under no_grad; "cpu_fx" runs ``mutation`` on the CPU path, where
+graphs run as FX code.)
 """
 import io
 import json
@@ -47,7 +48,7 @@ def branch(x, w):
 
 
 CASES = {"mlp": mlp, "mutation_and_alias": mutation_and_alias, "mutation": mutation, "dropout": dropout,
-         "branch": branch, "inference": mlp}
+         "branch": branch, "inference": mlp, "cpu_fx": mutation}
 
 
 def inputs(size: int):
@@ -67,7 +68,8 @@ def compare(name: str, got, want, problems: list) -> None:
 def main() -> None:
     case, directory = sys.argv[1], sys.argv[2]
     size = int(sys.argv[3]) if len(sys.argv) > 3 else 8
-    config.cache_dir, config.cache, config.triton_on_cpu = directory, True, True
+    config.cache_dir, config.cache = directory, True
+    config.triton_on_cpu = case != "cpu_fx"  # cpu_fx: graphs run as their FX code (no kernels)
     config.fallback_random = True  # dropout through eager's generator: masks comparable bit for bit
     fn = CASES[case]
     stderr, sys.stderr = sys.stderr, io.StringIO()
