@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -226,14 +227,21 @@ def _known_target(target: Any) -> bool:
 
 
 def _constants(gm: fx.GraphModule) -> dict:
+    """Every tensor a get_attr node of the graph or a subgraph reads, by target (prefixed by
+    the subgraph's path)."""
     out = {}
-    for module in gm.modules():
+    for path, module in gm.named_modules():
         if not isinstance(module, fx.GraphModule):
             continue
         for node in module.graph.find_nodes(op="get_attr"):
-            value = getattr(module, node.target, None)
+            try:
+                value = functools.reduce(getattr, node.target.split("."), module)
+            except AttributeError:
+                raise Uncacheable(f"its attribute {node.target} cannot be read") from None
             if isinstance(value, torch.Tensor):
-                out[node.target] = value
+                out[f"{path}/{node.target}" if path else node.target] = value
+            elif not isinstance(value, fx.GraphModule):  # (a subgraph: its code is in the text)
+                raise Uncacheable(f"it reads a {type(value).__name__} attribute ({node.target})")
     return out
 
 
@@ -291,12 +299,13 @@ def input_description(value: Any) -> Any:
 
 
 def devices(example_inputs: Sequence[Any], gm: fx.GraphModule) -> list[str]:
-    devices = {str(x.device) for x in example_inputs if isinstance(x, torch.Tensor)}
+    """The devices of the inputs and of the graph's values (the versions key names their GPUs)."""
+    found = {str(x.device) for x in example_inputs if isinstance(x, torch.Tensor)}
     for node in gm.graph.nodes:
-        value = node.meta.get("val")
+        value = node.meta.get("val", node.meta.get("example_value"))
         if isinstance(value, torch.Tensor):
-            devices.add(str(value.device))
-    return sorted(devices)
+            found.add(str(value.device))
+    return sorted(found)
 
 
 # --- symbolic sizes: the guards an entry was compiled under ------------------------------------
