@@ -9,6 +9,7 @@ traced again; their compiled graphs still come from the compiled-graph cache.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 from .runtime import make_inference_runtime, make_training_runtime
@@ -21,6 +22,22 @@ _INPUT_FLAGS = ("is_tensor", "requires_grad", "requires_grad_after", "mutates_da
 
 class NotDescribable(Exception):
     """The compile's runtime needs more than plain data (the reason says what)."""
+
+
+def with_plan(wrapped: Callable, run: Callable, meta: ViewAndMutationMeta, transforms: Sequence,
+              subclasses: Any) -> Callable:
+    """``wrapped`` (the compile's callable) carrying its plan as ``aot_plan``, or None and the
+    reason as ``aot_plan_missing``. Describing never fails the compile."""
+    try:
+        plan, missing = describe(run, meta, transforms, subclasses), None
+    except NotDescribable as reason:
+        plan, missing = None, str(reason)
+    except Exception as error:  # noqa: BLE001  a cache costs time, never the compile
+        plan, missing = None, f"describing it failed: {type(error).__name__}: {error}"
+    if not hasattr(wrapped, "__dict__"):  # (a callable that takes no attributes)
+        wrapped = functools.wraps(wrapped)(lambda *args, _call=wrapped: _call(*args))
+    wrapped.aot_plan, wrapped.aot_plan_missing = plan, missing
+    return wrapped
 
 
 def describe(run: Callable, meta: ViewAndMutationMeta, transforms: Sequence, subclasses: Any) -> dict:

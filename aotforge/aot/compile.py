@@ -142,13 +142,7 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     else:
         run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, random_ops, subclasses)
     wrapped = apply_post_compile(run, transforms)
-    # the compile as plain data, for the AOT cache (or why there is none)
-    try:
-        wrapped.aot_plan = aot_cache.describe(run, meta, transforms, subclasses)
-    except aot_cache.NotDescribable as reason:
-        wrapped.aot_plan = None
-        wrapped.aot_plan_missing = str(reason)
-    return wrapped, meta, original_fake_args
+    return aot_cache.with_plan(wrapped, run, meta, transforms, subclasses), meta, original_fake_args
 
 
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode, random_ops,
