@@ -47,9 +47,11 @@ def lookup(model: Any, example_inputs: Sequence[Any], inner_compile: Callable,
            boxed: Callable) -> tuple[Optional[Lookup], Optional[Callable]]:
     """The compile's key, and its rebuilt callable when the cache holds a usable entry.
     ``boxed``: makes the callable of a loaded compiled graph (the pipeline's)."""
-    if config.verify or not getattr(inner_compile, "aot_cacheable", False):
+    # verify and CUDA graphs (main's config.cudagraphs) wrap each compiled graph with its FX graph
+    if config.verify or getattr(config, "cudagraphs", False) or not getattr(inner_compile, "aot_cacheable", False):
         if config.cache:
-            debug.note("cache", f"{_name()}: AOT compile not cached (config.verify, or a compiler of the caller's own)")
+            debug.note("cache", f"{_name()}: AOT compile not cached (config.verify or cudagraphs, or a compiler of "
+                                "the caller's own)")
         return None, None
 
     def load_graph(name: str, kind: str, described: Any) -> Optional[Callable]:
