@@ -9,7 +9,7 @@ tracing reads (grad mode, autocast, default dtype, deterministic algorithms), ao
 and the versions. An entry names the compiled-graph entries of its forward and backward (or
 inference) graph; a compile whose graphs are not all in that cache, whose runtime is not plain
 data (aot/cache.py says which), with symbolic sizes, with inputs that share memory, or under
-``config.verify`` is not stored, and is compiled as usual next time.
+``config.verify`` or CUDA graphs is not stored, and is compiled as usual next time.
 """
 from __future__ import annotations
 
