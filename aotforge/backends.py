@@ -199,17 +199,22 @@ def _kind(kwargs: dict) -> str:
 def aotforge_eager_backend(gm: fx.GraphModule, example_inputs, **kwargs):
     from .aot import aot_module_simplified
     from .aot.boxing import boxed_nop
+    from .compiler.aot_cache import compile_fx_graphs
     from .inspection import dynamo_recorder
 
     patches = config_patches(kwargs.get("mode"), kwargs.get("options"))
     recorder = dynamo_recorder()
-    with config.patch(**patches), _compile_scope(recorder, gm), _source_lines_kept(gm):
-        compiled = aot_module_simplified(
+
+    def compile(keep: Callable) -> Callable:  # ``keep``: the AOT cache keeps the graphs that run
+        return aot_module_simplified(
             gm, example_inputs,
-            fw_compiler=_record(recorder, boxed_nop, "forward"),
-            bw_compiler=_record(recorder, boxed_nop, "backward"),
-            inference_compiler=_record(recorder, boxed_nop, "inference"),
+            fw_compiler=keep("forward", _record(recorder, boxed_nop, "forward")),
+            bw_compiler=keep("backward", _record(recorder, boxed_nop, "backward")),
+            inference_compiler=keep("inference", _record(recorder, boxed_nop, "inference")),
         )
+
+    with config.patch(**patches), _compile_scope(recorder, gm), _source_lines_kept(gm):
+        compiled = compile_fx_graphs(gm, example_inputs, compile)  # through the AOT cache
     return _patched(compiled, patches)
 
 
@@ -252,6 +257,7 @@ def _compile(gm: fx.GraphModule, example_inputs, patches: dict, kwargs: dict) ->
 
                 compiled = verified(reference, compiled, kind=kind, patches=patches)
         return compiled
+    inner_compile.aot_cacheable = True  # type: ignore[attr-defined]  (compile_fx_inner's graphs)
 
     with _compile_scope(recorder, gm), _source_lines_kept(gm):
         compiled = compile_fx(gm, example_inputs, inner_compile=inner_compile, **kwargs)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m aotforge demo | bench | explain``."""
+"""Command line: ``python -m aotforge demo | bench | explain | cache``."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ COMMANDS = {
                               "compare losses and step times, say what the compiler did"),
     "bench": ("aotforge.bench", "benchmark eager vs torch.compile (inductor) vs aotforge"),
     "explain": ("aotforge.explain", "print a model's exported forward/backward graphs"),
+    "cache": ("aotforge.compiler.runtime.cache_cli", "info | clear: the on-disk cache's entries per kind"),
 }
 
 

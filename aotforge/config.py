@@ -46,6 +46,8 @@ class Config:
     # Where generated kernels and autotune results are kept across processes (default: a
     # per-user folder under the system's temporary directory).
     cache_dir: str = ""
+    # Keep compiled graphs and whole AOT compiles there too, so that a new process skips compiling.
+    cache: bool = True
     # Run the Triton path even for CPU tensors (needs TRITON_INTERPRET=1); for tests.
     triton_on_cpu: bool = False
     # Autotune large reductions over a few block sizes (results cached on disk). Off by

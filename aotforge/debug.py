@@ -43,6 +43,7 @@ TOPICS: dict[str, str] = {
     "recompiles": "why a function was compiled again: which part of its input signature changed "
                   "(under torch.compile also Dynamo's guard failure)",
     "verify": "AOTFORGE_VERIFY's comparison of each compiled graph with plain ATen",
+    "cache": "compiled-graph and AOT cache hits and misses, and for a miss which part of the key changed",
 }
 
 # Topics that print nothing for graphs on CPU tensors (they run as eager's ATen calls, which
@@ -84,7 +85,22 @@ def enabled(topic: str) -> bool:
 
 
 def dump_dir() -> str | None:
-    return os.environ.get("AOTFORGE_DUMP_DIR") or None
+    """AOTFORGE_DUMP_DIR, or None when unset or when it names something other than a folder
+    (warned once: a dump folder that cannot be used costs the dump, never the compile)."""
+    base = os.environ.get("AOTFORGE_DUMP_DIR") or None
+    if base is not None and os.path.exists(base) and not os.path.isdir(base):
+        _dump_dir_unusable(base, "it is not a directory")
+        return None
+    return base
+
+
+def _dump_dir_unusable(base: str, why: str) -> None:
+    with _lock:
+        if f"dump_dir:{base}" in _logged_once:
+            return
+        _logged_once.add(f"dump_dir:{base}")
+    warnings.warn(f"aotforge: AOTFORGE_DUMP_DIR={base!r} cannot be used ({why}); artifacts are not written "
+                  "there. Point it at a folder (it is created when missing)", stacklevel=4)
 
 
 def _safe(name: str) -> str:
@@ -121,20 +137,30 @@ class CompileScope:
             self._folders[base] = path
         return self._folders[base]
 
-    def write(self, name: str, text: str, suffix: str) -> str:
+    def write(self, name: str, text: str, suffix: str) -> Optional[str]:
         base = dump_dir()
         assert base is not None
         # The folder already names the model; graphs from Dynamo are all "dynamo_graph_*".
         if name.startswith(_DYNAMO_PREFIX) and len(name) > len(_DYNAMO_PREFIX):
             name = name[len(_DYNAMO_PREFIX):]
-        path = os.path.join(self.folder(base), f"{next(self._file_counter):03d}_{_safe(name)}{suffix}")
-        with open(path, "w") as handle:
-            handle.write(text)
+        try:
+            path = os.path.join(self.folder(base), f"{next(self._file_counter):03d}_{_safe(name)}{suffix}")
+            with open(path, "w") as handle:
+                handle.write(text)
+        except OSError as error:  # a full disk, a folder we may not write: the dump is lost, not the compile
+            _dump_dir_unusable(base, str(error))
+            return None
         return path
 
 
 def current_scope() -> Optional[CompileScope]:
     return getattr(_local, "scope", None)
+
+
+def compile_name() -> Optional[str]:
+    """The name of the compile scope opened around this code (not an implicit one)."""
+    scope = current_scope()
+    return scope.name if scope is not None and getattr(_local, "explicit", 0) else None
 
 
 @contextlib.contextmanager
@@ -314,6 +340,13 @@ def _is_importlib_frame(filename: str) -> bool:
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn`` attributed to the user's line rather than aotforge's or torch's."""
     warnings.warn(message, category, stacklevel=user_stacklevel())
+
+
+def note(topic: str, message: str) -> None:
+    """Print ``message`` under ``topic`` (every time) if that topic is being logged."""
+    if enabled(topic):
+        print(f"aotforge {topic}: {message}", file=sys.stderr)
+    log.debug("%s", message)
 
 
 _enabled_topics()  # a typo in AOTFORGE_LOG is reported at import, not at the first compile

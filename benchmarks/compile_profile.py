@@ -6,6 +6,10 @@ the step itself runs the graphs' own ATen calls.
 
     TRITON_INTERPRET=1 python benchmarks/compile_profile.py [--profile out.txt] [--layers 12]
     TRITON_INTERPRET=1 python benchmarks/compile_profile.py --resnet   # ResNet-18's graphs, 8 images
+    TRITON_INTERPRET=1 python benchmarks/compile_profile.py --cache DIR  # twice: a miss, then a hit
+
+Without ``--cache`` the compiled-graph cache is off (this measures the compiler); with it, the
+cache lives in DIR: the first process fills it, the next one loads from it.
 """
 from __future__ import annotations
 
@@ -34,7 +38,9 @@ def main() -> None:
     parser.add_argument("--profile", default="")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--resnet", action="store_true")
+    parser.add_argument("--cache", default="", help="use the compiled-graph cache in this folder")
     args = parser.parse_args()
+    aotforge.config.cache, aotforge.config.cache_dir = bool(args.cache), args.cache
     torch.manual_seed(0)
     if args.resnet:
         model = ResNet((64, 128, 256, 512), 2, 1000)

@@ -9,3 +9,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Tests compile to see the compiler work: the compiled-graph and AOT caches would replace that
+# with a load from an earlier run. Their own tests (tests/compiler/runtime/test_graph_cache.py)
+# turn them on.
+os.environ.setdefault("AOTFORGE_CACHE", "0")

@@ -225,3 +225,16 @@ def test_torch_trace_has_aotforges_graphs_code_and_metrics(tmp_path):
                      "inference_kernels", "inference_wrapper",
                      "forward_compile_time", "backward_compile_time"):
         assert expected in names, f"{expected} not in the trace: {sorted(names)}"
+
+
+def test_dump_dir_naming_a_file_warns_once_and_compiles(tmp_path, monkeypatch):
+    path = tmp_path / "not_a_folder"
+    path.write_text("")
+    monkeypatch.setenv("AOTFORGE_DUMP_DIR", str(path))
+    x = torch.randn(4, 8)
+    with pytest.warns(UserWarning, match="AOTFORGE_DUMP_DIR.*not a directory") as record:
+        compiled = aotforge.aot_function(lambda a: a.sin() * 2, fw_compiler=aotforge.nop)
+        torch.testing.assert_close(compiled(x), x.sin() * 2)
+        torch.testing.assert_close(compiled(x + 1), (x + 1).sin() * 2)
+    assert len([w for w in record if "AOTFORGE_DUMP_DIR" in str(w.message)]) == 1
+    assert debug.dump_dir() is None

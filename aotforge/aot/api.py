@@ -376,14 +376,7 @@ def aot_module_simplified(
     arguments. Dynamo's guards decide when to recompile, so there is no cache here.
     ``compile_backward_now``: compile the backward graph with the forward, not lazily."""
     check_no_fake_constants(mod)
-    params = [
-        *(p for _, p in mod.named_parameters(remove_duplicate=False)),
-        *(b for _, b in mod.named_buffers(remove_duplicate=False)),
-    ]
-    names = [
-        *(n for n, _ in mod.named_parameters(remove_duplicate=False)),
-        *(n for n, _ in mod.named_buffers(remove_duplicate=False)),
-    ]
+    params, names = lifted_state(mod)
     num_params = len(params)
 
     def flat_fn(*flat):
@@ -406,13 +399,27 @@ def aot_module_simplified(
     )
     flat_args = [*params, *args]
     run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
+    return bind_parameters(run, params, mod)
 
+
+def lifted_state(mod: nn.Module) -> tuple[list, list[str]]:
+    """The parameters and buffers that become the first graph inputs, and their names."""
+    named = [*mod.named_parameters(remove_duplicate=False), *mod.named_buffers(remove_duplicate=False)]
+    return [value for _, value in named], [name for name, _ in named]
+
+
+def bind_parameters(run: Callable, params: list, mod: nn.Module) -> Callable:
+    """``forward(*args)``: ``run`` called with the module's parameters and buffers before the
+    arguments; with the module's methods Dynamo calls on it, and the AOT plan of ``run``
+    (aot/cache.py)."""
     def forward(*runtime_args):
         return run([*params, *runtime_args])
 
     forward.zero_grad = mod.zero_grad  # type: ignore[attr-defined]
     forward.named_parameters = mod.named_parameters  # type: ignore[attr-defined]
     forward.named_buffers = mod.named_buffers  # type: ignore[attr-defined]
+    forward.aot_plan = getattr(run, "aot_plan", None)  # type: ignore[attr-defined]
+    forward.aot_plan_missing = getattr(run, "aot_plan_missing", None)  # type: ignore[attr-defined]
     return forward
 
 

@@ -20,6 +20,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, P
 
 from .. import debug
 from ..config import config as global_config
+from . import cache as aot_cache
 from .effects import partition_with_effects
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
@@ -184,7 +185,8 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
                                 subclasses)
     else:
         run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, random_ops, subclasses)
-    return apply_post_compile(run, transforms), meta, original_fake_args
+    wrapped = apply_post_compile(run, transforms)
+    return aot_cache.with_plan(wrapped, run, meta, transforms, subclasses), meta, original_fake_args
 
 
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode, random_ops,

@@ -160,16 +160,19 @@ def make_inference_runtime(compiled: Callable, meta: ViewAndMutationMeta, fake_a
             graph_outputs = call_compiled(compiled, list(args))
         return epilogue(args, graph_outputs)
 
+    run.runtime_parameters = {}  # type: ignore[attr-defined]  (aot/cache.py: what rebuilds it)
     return run
 
 
-def _example_inputs(gm: fx.GraphModule) -> list:
+def _example_inputs(gm: Optional[fx.GraphModule]) -> list:
+    if gm is None:  # a runtime rebuilt by the AOT cache: its backward is compiled already
+        return []
     return [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
 
 
 def make_training_runtime(
     compiled_forward: Callable,
-    backward_module: fx.GraphModule,
+    backward_module: Optional[fx.GraphModule],
     bw_compiler: Callable,
     meta: ViewAndMutationMeta,
     fake_args: Sequence,
@@ -253,6 +256,10 @@ def make_training_runtime(
         return epilogue(args, list(graph_outputs))
 
     run.compiled_function = CompiledFunction  # type: ignore[attr-defined]
+    # what aot/cache.py needs to rebuild this runtime around the same compiled graphs
+    run.runtime_parameters = dict(num_saved_tensors=num_saved_tensors,  # type: ignore[attr-defined]
+                                  num_saved_symints=num_saved_symints, clone_saved=list(clone_saved),
+                                  mutated_in_backward=list(mutated_in_backward))
     return run
 
 

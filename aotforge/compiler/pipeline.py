@@ -28,12 +28,12 @@ import torch.utils._pytree as pytree
 
 from .. import debug
 from ..config import config
-from . import passes
+from . import aot_cache, passes
 from .codegen.triton import emit_kernels
 from .codegen.wrapper import emit_wrapper
 from .decompositions import select_decomposition_table
 from .lowering import lower
-from .runtime import compile_pool, compiled as runtime, cudagraphs
+from .runtime import compile_pool, compiled as runtime, cudagraphs, graph_cache
 from .runtime.compiled import CompiledGraph
 from .schedule import analyze_reads, fuse, plan_memory
 from .sizes import SizeVars, UnsupportedSize, size_vars
@@ -92,6 +92,12 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     if not _has_calls(gm):
         return _boxed(_aten_graph(kind, gm, {}))
     clock = _Stopwatch(_take_aot_timings(kind, aot_timings))
+    # keyed on the graph as handed over (before any pass); a hit skips every stage below
+    cache, hit = graph_cache.lookup(kind, gm, example_inputs, _run_fx(gm)) if _wants_triton(gm) else (None, None)
+    if hit is not None:
+        hit.timings = {**clock.timings, **hit.timings}
+        _log_output_code(hit)
+        return _boxed(hit, gm)
     compile_pool.start_if_useful()  # workers boot while this graph is lowered
     with clock("post_grad_passes"):
         _ensure_fake_values(gm, example_inputs)
@@ -102,7 +108,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         # FX's generated code: one ATen call per node, frees at last use
         return _boxed(_aten_graph(kind, gm, clock.timings), gm)
     try:
-        return _boxed(_compile_to_kernels(kind, gm, sizes, clock), gm)
+        compiled = _compile_to_kernels(kind, gm, sizes, clock)
     except Exception as error:  # noqa: BLE001
         if not sizes.dynamic:
             raise
@@ -111,6 +117,13 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         log.warning("aotforge: a %s graph with symbolic sizes runs as ATen calls: compiling it failed "
                     "(%s: %s)", kind, type(error).__name__, error)
         return _boxed(_aten_graph(kind, gm, clock.timings), gm)
+    graph_cache.store(cache, compiled)
+    return _boxed(compiled, gm)
+
+
+# its compiled graphs are what the compiled-graph cache holds: an AOT compile through it can
+# be cached whole (compiler/aot_cache.py); a compiler of the caller's own cannot
+compile_fx_inner.aot_cacheable = True  # type: ignore[attr-defined]
 
 
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
@@ -131,9 +144,13 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
                             run_aten_graph=_run_fx(gm))
-    debug.artifact("output_code", f"{kind}_kernels", compiled.kernel_source)
-    debug.artifact("output_code", f"{kind}_wrapper", compiled.wrapper_source)
+    _log_output_code(compiled)
     return compiled
+
+
+def _log_output_code(compiled: CompiledGraph) -> None:
+    debug.artifact("output_code", f"{compiled.kind}_kernels", compiled.kernel_source)
+    debug.artifact("output_code", f"{compiled.kind}_wrapper", compiled.wrapper_source)
 
 
 def _boxed(compiled: CompiledGraph, gm: Optional[fx.GraphModule] = None) -> Callable:
@@ -277,6 +294,7 @@ def _patched(compiler: Callable, config_patches: dict) -> Callable:
     def compile_patched(*args: Any, **kwargs: Any) -> Callable:
         with config.patch(**config_patches):
             return compiler(*args, **kwargs)
+    compile_patched.aot_cacheable = getattr(compiler, "aot_cacheable", False)  # type: ignore[attr-defined]
     return compile_patched
 
 
@@ -284,7 +302,6 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
                inner_compile: Callable = compile_fx_inner, config_patches: Optional[dict] = None,
                decompositions: Optional[dict] = None) -> Callable:
     """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend."""
-    compile_pool.start_if_useful()  # workers boot while the graph is traced and partitioned
     if config_patches:
         with config.patch(**config_patches):  # unknown options fail here, at once
             pass
@@ -313,16 +330,25 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
 
     from ..aot import aot_module_simplified
 
+    # the whole AOT compile from disk, when this Dynamo graph was compiled by an earlier process
+    cache, hit = aot_cache.lookup(model, example_inputs, inner_compile, _boxed) if decompositions is None \
+        else (None, None)
+    if hit is not None:
+        return hit
+    compile_pool.start_if_useful()  # workers boot while the graph is traced and partitioned
     table = select_decomposition_table(decompositions)
     aot_timings = {"started": time.perf_counter()}  # trace and partition seconds, for the breakdown
     forward = functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings)
     backward = functools.partial(inner_compile, is_backward=True)
     inference = functools.partial(inner_compile, is_inference=True, aot_timings=aot_timings)
-    return aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
-                                 inference_compiler=inference, decompositions=table,
-                                 partition_fn=_partitioner(aot_timings), keep_inference_input_mutations=True,
-                                 # both graphs' kernels go to the compile pool at once
-                                 compile_backward_now=True)
+    with graph_cache.capture() as graph_keys:  # the compiled-graph entries the AOT entry refers to
+        compiled = aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
+                                         inference_compiler=inference, decompositions=table,
+                                         partition_fn=_partitioner(aot_timings), keep_inference_input_mutations=True,
+                                         # both graphs' kernels go to the compile pool at once
+                                         compile_backward_now=True)
+    aot_cache.store(cache, compiled, graph_keys)
+    return compiled
 
 
 def _returns_tuple(gm: fx.GraphModule) -> bool:

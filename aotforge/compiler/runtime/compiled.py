@@ -43,6 +43,8 @@ class CompiledGraph:
     pool_seconds: float = 0.0
     # the CUDA graphs that replay it (runtime/cudagraphs.py), when config.cudagraphs is on
     cudagraphs: Any = None
+    # loaded from the compiled-graph cache: no lowering records, only their counts
+    cached_stats: Optional[dict] = None
 
     @property
     def path(self) -> str:
@@ -63,10 +65,13 @@ class CompiledGraph:
     def stats(self) -> dict:
         if self.program is None:
             return dict(path="aten", kind=self.kind, kernels=0, seconds=sum(self.timings.values()))
-        externs = len(self.kernel_plan.steps) - len(self.kernels)
+        if self.cached_stats is not None:
+            counts = dict(self.cached_stats)
+        else:
+            counts = dict(externs=len(self.kernel_plan.steps) - len(self.kernels), lowered=dict(self.lowered.lowered_ops),
+                          fallbacks=dict(self.lowered.fallback_ops), lowering_errors=list(self.lowered.lowering_errors))
         return dict(path="triton", kind=self.kind, kernels=len(self.kernels), unique_kernels=len({k.name for k in self.kernels}),
-                    externs=externs, lowered=dict(self.lowered.lowered_ops), fallbacks=dict(self.lowered.fallback_ops),
-                    lowering_errors=list(self.lowered.lowering_errors), wrapper=self.wrapper_source,
+                    **counts, wrapper=self.wrapper_source,
                     kernel_source=self.kernel_source, seconds=sum(self.timings.values()), timings=dict(self.timings))
 
     def describe_timings(self) -> str:
@@ -77,6 +82,8 @@ class CompiledGraph:
 
     def __str__(self) -> str:
         sections = [f"# {self.kind} graph, {self.path} path", self.describe_timings()]
+        if self.cached_stats is not None:
+            sections.append("(loaded from the compiled-graph cache: no lowering records)")
         for title, record in (("lowered graph", self.lowered), ("kernel plan", self.kernel_plan),
                               ("memory plan", self.memory_plan)):
             if record is not None:
@@ -90,7 +97,7 @@ class CompiledGraph:
         return "\n\n".join(sections)
 
 
-def _launcher(source: KernelSource) -> Any:
+def _launcher(source: KernelSource, precompile: bool) -> Any:
     key = (source.name, source.numel, source.rnumel)
     with _launchers_lock:
         found = _launchers.get(key)
@@ -101,7 +108,7 @@ def _launcher(source: KernelSource) -> Any:
     # with the argument dtypes the kernel is handed to the compile pool at once (GPU only)
     kernel = launch.Kernel(getattr(module, source.name), source.name, source.source, source.kind, source.numel,
                            source.rnumel, source.reduction_contiguous, source.mutates,
-                           arg_dtypes=None if None in source.dtypes else source.dtypes,
+                           arg_dtypes=None if None in source.dtypes or not precompile else source.dtypes,
                            hints=source.hints if source.dynamic else None)
     kernel.module = module  # the module lives as long as a kernel of it
     with _launchers_lock:
@@ -109,13 +116,17 @@ def _launcher(source: KernelSource) -> Any:
 
 
 def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
-         program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None) -> CompiledGraph:
+         program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None,
+         precompile: bool = True) -> CompiledGraph:
     """``run_aten_graph``: the graph's own ATen calls, for a call whose symbolic sizes are
-    too large for the kernels' 32-bit indexing."""
+    too large for the kernels' 32-bit indexing. ``precompile``: hand the kernels to the
+    compile pool (False for a graph from the compiled-graph cache: Triton's cache holds its
+    binaries, and loading one at the first launch is quicker than a worker's round trip)."""
     started = time.perf_counter()
     # longest sources first: each launcher hands its kernel to the compile pool as it is made,
     # and starting the slowest compiles first keeps the pool's last round short
-    launchers = {source.group: _launcher(source) for source in sorted(kernels, key=lambda k: -len(k.source))}
+    launchers = {source.group: _launcher(source, precompile)
+                 for source in sorted(kernels, key=lambda k: -len(k.source))}
     namespace = dict(program.namespace)
     namespace.update(launchers)
     namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,

@@ -15,9 +15,11 @@ shared machine the default folder under /tmp may have been created by someone el
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 import threading
@@ -57,40 +59,72 @@ def digest(text: str | bytes) -> str:
 
 # --- the folder ---------------------------------------------------------------------------
 
+class CacheDirectoryWarning(UserWarning):
+    """The configured cache folder cannot be used; a private temporary folder is used instead."""
+
+
+# unusable folder -> the private temporary folder this process uses in its place
+_replacements: dict[str, str] = {}
+_replacements_lock = threading.Lock()
+
+
 def cache_directory(configured: Optional[str] = None) -> str:
     """The folder for the compiler's files, created private to the user when missing.
     ``configured``: a ``config.cache_dir`` value read earlier (a kernel's first launch runs
     outside the config patches it was compiled under); by default the current one.
 
-    Raises RuntimeError when the folder is owned by another user or writable by group or
-    others: anyone who can write there could plant a kernel module that this process runs."""
+    A folder that cannot be created, is not a folder, is owned by another user or is
+    writable by others (anyone who could write there could plant a kernel module that this
+    process runs; and anyone can create ``/tmp/aotforge_<uid>`` first) is not used: the
+    process warns once and uses a new private temporary folder instead, so that a bad cache
+    folder costs the cache, never the compile."""
     configured = config.cache_dir if configured is None else configured
     directory = configured or os.path.join(tempfile.gettempdir(), f"aotforge_{os.getuid()}")
     directory = os.path.abspath(directory)
+    replacement = _replacements.get(directory)
+    if replacement is not None:
+        return replacement
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        problem = private_problem(directory)
     except OSError as error:
-        raise RuntimeError(f"aotforge: cannot create the cache directory {directory}: {error}; "
-                           "set AOTFORGE_CACHE_DIR (or aotforge.config.cache_dir) to a folder you own") from error
-    check_private(directory)
-    return directory
+        problem = f"it cannot be created: {error}"
+    if problem is None:
+        return directory
+    return _replace(directory, problem)
 
 
-def check_private(directory: str) -> None:
+def _replace(directory: str, problem: str) -> str:
+    with _replacements_lock:
+        if directory in _replacements:
+            return _replacements[directory]
+        try:
+            replacement = tempfile.mkdtemp(prefix=f"aotforge_{os.getuid()}_")  # 0700, ours, new
+        except OSError as error:
+            raise RuntimeError(f"aotforge: the cache directory {directory} cannot be used ({problem}) and no "
+                               f"private temporary folder can be made ({error}); set AOTFORGE_CACHE_DIR "
+                               "(or aotforge.config.cache_dir) to a folder you own") from error
+        atexit.register(shutil.rmtree, replacement, True)
+        _replacements[directory] = replacement
+    warnings.warn(f"aotforge: the cache directory {directory} cannot be used ({problem}); this process uses the "
+                  f"private temporary folder {replacement} instead, so nothing compiled is kept for the next "
+                  "process. Set AOTFORGE_CACHE_DIR (or aotforge.config.cache_dir) to a private folder of your "
+                  "own", CacheDirectoryWarning, stacklevel=3)
+    return replacement
+
+
+def private_problem(directory: str) -> Optional[str]:
+    """Why ``directory`` is not a private folder of this user, or None when it is."""
     info = os.stat(directory)
     if not stat.S_ISDIR(info.st_mode):
-        raise RuntimeError(f"aotforge: the cache directory {directory} is not a directory; "
-                           "remove it or set AOTFORGE_CACHE_DIR to a folder you own")
+        return "it is not a directory"
     if info.st_uid != os.getuid():
-        raise RuntimeError(
-            f"aotforge: the cache directory {directory} is owned by uid {info.st_uid}, not by you "
-            f"(uid {os.getuid()}); files planted there would run as you. Set AOTFORGE_CACHE_DIR "
-            "(or aotforge.config.cache_dir) to a private folder of your own")
+        return (f"it is owned by uid {info.st_uid}, not by you (uid {os.getuid()}), and files planted there "
+                "would run as you")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise RuntimeError(
-            f"aotforge: the cache directory {directory} is writable by other users (mode "
-            f"{stat.S_IMODE(info.st_mode):o}); files planted there would run as you. Run "
-            f"`chmod 700 {directory}` or set AOTFORGE_CACHE_DIR to a private folder")
+        return (f"it is writable by other users (mode {stat.S_IMODE(info.st_mode):o}), and files planted there "
+                f"would run as you; `chmod 700 {directory}` makes it usable")
+    return None
 
 
 # --- reading and writing entries ------------------------------------------------------------

@@ -196,26 +196,47 @@ def test_default_cache_directory_is_per_user_and_private(tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
 
 
+def assert_replaced(directory, why: str) -> str:
+    """``cache_directory()`` warns once that ``directory`` is unusable and uses a new private
+    temporary folder instead (the same one for the rest of the process)."""
+    with pytest.warns(disk_cache.CacheDirectoryWarning, match=why) as record:
+        replacement = disk_cache.cache_directory()
+        assert disk_cache.cache_directory() == replacement  # once per cause, not per kernel
+    assert len(record) == 1
+    assert replacement != str(directory) and os.path.isdir(replacement)
+    assert os.stat(replacement).st_uid == os.getuid()
+    assert stat.S_IMODE(os.stat(replacement).st_mode) == 0o700
+    return replacement
+
+
+@pytest.fixture
+def fresh_replacements(monkeypatch):
+    monkeypatch.setattr(disk_cache, "_replacements", {})
+
+
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o702, 0o1777])
-def test_directory_writable_by_others_is_refused(tmp_path, mode, monkeypatch):
+def test_directory_writable_by_others_is_replaced(tmp_path, mode, monkeypatch, fresh_replacements):
     directory = tmp_path / f"aotforge_{os.getuid()}"
     directory.mkdir()
     directory.chmod(mode)
     monkeypatch.setattr(disk_cache.tempfile, "gettempdir", lambda: str(tmp_path))
-    with config.patch(cache_dir=""), pytest.raises(RuntimeError, match=r"writable by other users.*chmod 700"):
-        disk_cache.cache_directory()
+    with config.patch(cache_dir=""):
+        assert_replaced(directory, r"writable by other users.*chmod 700.*AOTFORGE_CACHE_DIR")
 
 
-def test_directory_owned_by_someone_else_is_refused(tmp_path, monkeypatch):
+def test_directory_owned_by_someone_else_is_replaced(tmp_path, monkeypatch, fresh_replacements):
     directory = tmp_path / "cache"
     directory.mkdir(mode=0o700)
     real_uid = os.getuid()
     monkeypatch.setattr(disk_cache.os, "getuid", lambda: real_uid + 1)
-    with config.patch(cache_dir=str(directory)), pytest.raises(RuntimeError, match=r"owned by uid.*AOTFORGE_CACHE_DIR"):
-        disk_cache.cache_directory()
+    with config.patch(cache_dir=str(directory)):
+        with pytest.warns(disk_cache.CacheDirectoryWarning, match=r"owned by uid.*AOTFORGE_CACHE_DIR"):
+            replacement = disk_cache.cache_directory()
+    assert replacement != str(directory) and os.path.isdir(replacement)
 
 
-def test_planted_kernel_in_world_writable_directory_never_runs(tmp_path, monkeypatch, cache_dir):
+def test_planted_kernel_in_world_writable_directory_never_runs(tmp_path, monkeypatch, cache_dir,
+                                                               fresh_replacements):
     check_matches_eager(row_sum_and_sine)
     name = kernel_file(cache_dir).name
     shared = tmp_path / f"aotforge_{os.getuid()}"
@@ -225,16 +246,22 @@ def test_planted_kernel_in_world_writable_directory_never_runs(tmp_path, monkeyp
     (shared / name).write_text(f"open({str(marker)!r}, 'w').close()\n")
     monkeypatch.setattr(disk_cache.tempfile, "gettempdir", lambda: str(tmp_path))
     forget_loaded_modules()
-    with config.patch(cache_dir=""), pytest.raises(RuntimeError, match="writable by other users"):
-        compile_and_run(row_sum_and_sine, X)
+    with config.patch(cache_dir=""), pytest.warns(disk_cache.CacheDirectoryWarning, match="writable by other"):
+        check_matches_eager(row_sum_and_sine)  # compiles, in a private folder of its own
     assert not marker.exists()
 
 
-def test_a_file_in_place_of_the_directory_is_refused(tmp_path):
+def test_a_file_in_place_of_the_directory_is_replaced(tmp_path, fresh_replacements):
     path = tmp_path / "cache"
     path.write_text("")
-    with config.patch(cache_dir=str(path)), pytest.raises(RuntimeError, match="AOTFORGE_CACHE_DIR"):
-        disk_cache.cache_directory()
+    with config.patch(cache_dir=str(path)):
+        assert_replaced(path, "cannot be created.*AOTFORGE_CACHE_DIR")
+
+
+def test_a_directory_that_cannot_be_created_is_replaced(tmp_path, fresh_replacements):
+    (tmp_path / "file").write_text("")
+    with config.patch(cache_dir=str(tmp_path / "file" / "cache")):
+        assert_replaced(tmp_path / "file" / "cache", "cannot be created")
 
 
 # --- many writers ------------------------------------------------------------------------------

@@ -1,0 +1,242 @@
+"""The AOT cache: under torch.compile, a new process that is handed a Dynamo graph it compiled
+before skips AOT autograd entirely (no tracing, no partitioning) and the compiler too: it
+rebuilds the runtime wrappers (aot/cache.py) around compiled graphs loaded from the
+compiled-graph cache (runtime/graph_cache.py).
+
+The key, as for inductor's FX graph cache, is the Dynamo graph's code and constants, the
+example inputs' metadata (parameters and buffers included, with their names), the global state
+tracing reads (grad mode, autocast, default dtype, deterministic algorithms), aotforge's config
+and the versions. An entry names the compiled-graph entries of its forward and backward (or
+inference) graph; a compile whose graphs are not all in that cache, whose runtime is not plain
+data (aot/cache.py says which), with symbolic sizes, with inputs that share memory, or under
+``config.verify`` or CUDA graphs is not stored, and is compiled as usual next time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import time
+import types
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from .. import debug
+from ..aot import cache as aot_plan
+from ..aot.api import bind_parameters, lifted_state
+from ..aot.boxing import make_boxed_func
+from ..aot.guards import autocast_state
+from ..config import config
+from .runtime import disk_cache, graph_cache, keys
+
+FORMAT = 1
+
+
+@dataclasses.dataclass
+class Lookup:
+    name: str
+    key: str
+    parts: dict
+
+
+def lookup(model: Any, example_inputs: Sequence[Any], inner_compile: Callable,
+           boxed: Callable) -> tuple[Optional[Lookup], Optional[Callable]]:
+    """The compile's key, and its rebuilt callable when the cache holds a usable entry.
+    ``boxed``: makes the callable of a loaded compiled graph (the pipeline's)."""
+    # verify and CUDA graphs (main's config.cudagraphs) wrap each compiled graph with its FX graph
+    if config.verify or getattr(config, "cudagraphs", False) or not getattr(inner_compile, "aot_cacheable", False):
+        if config.cache:
+            debug.note("cache", f"{_name()}: AOT compile not cached (config.verify or cudagraphs, or a compiler of "
+                                "the caller's own)")
+        return None, None
+
+    def load_graph(name: str, kind: str, described: Any) -> Optional[Callable]:
+        graph = graph_cache.load(kind, described, {}, None, f"{name}:{kind}")
+        return None if graph is None else boxed(graph)
+    return _lookup("kernels", model, example_inputs, load_graph)
+
+
+def _name() -> str:
+    return f"{debug.compile_name() or 'graph'}:aot"
+
+
+def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
+            load_graph: Callable[[str, str, Any], Optional[Callable]]) -> tuple[Optional[Lookup], Optional[Callable]]:
+    """``path_kind``: what the compiled graphs are ("kernels": compiled-graph cache keys;
+    "fx": the FX graphs themselves). ``load_graph(name, kind, stored)``: a compiled graph."""
+    if not config.cache:
+        return None, None
+    name = _name()
+    started = time.perf_counter()
+    try:
+        found = _key(name, model, example_inputs, path_kind)
+    except graph_cache.Uncacheable as reason:
+        debug.note("cache", f"{name}: AOT compile not cached ({reason})")
+        return None, None
+    except Exception as error:  # noqa: BLE001  a cache costs time, never the compile
+        debug.log_once("cache", f"aot key:{type(error).__name__}:{error}",
+                       f"{name}: AOT compile not cached (computing its key failed: {type(error).__name__}: {error})")
+        return None, None
+    path = keys.entry_path("compile", found.key)
+    entry = keys.read_entry(path, found.key, FORMAT)
+    if entry is None:
+        debug.note("cache", f"{name}: AOT miss ({keys.explain_miss('compile', name, found.parts)})")
+        return found, None
+    try:
+        compiled = {}
+        for kind, stored in entry["graphs"].items():
+            graph = load_graph(name, kind, stored)
+            if graph is None:
+                debug.note("cache", f"{name}: AOT miss (its {kind} graph is not in the compiled-graph cache)")
+                return found, None
+            compiled[kind] = graph
+        run = aot_plan.rebuild(entry["plan"], compiled)
+    except Exception as error:  # noqa: BLE001  an entry we cannot rebuild from: compile instead
+        disk_cache.warn_bad_entry(path, f"it cannot be loaded: {type(error).__name__}: {error}")
+        debug.note("cache", f"{name}: AOT miss (the entry cannot be loaded)")
+        return found, None
+    params, _ = lifted_state(model)
+    debug.note("cache", f"{name}: AOT hit ({found.key[:16]}, {time.perf_counter() - started:.3f}s)")
+    return found, bind_parameters(run, params, model)
+
+
+def store(found: Optional[Lookup], compiled: Callable, graphs: dict) -> None:
+    """Write the entry for a compile made after a miss (``graphs``: by kind, the
+    compiled-graph cache keys of its graphs, or its FX graphs as ``fx_graph_entry`` describes
+    them)."""
+    if found is None:
+        return
+    plan = getattr(compiled, "aot_plan", None)
+    if plan is None:
+        why = getattr(compiled, "aot_plan_missing", None) or "its runtime is not plain data"
+        debug.note("cache", f"{found.name}: AOT compile not stored ({why})")
+        return
+    needed = ("forward", "backward") if plan["training"] else ("inference",)
+    missing = [kind for kind in needed if graphs.get(kind) is None]
+    if missing:
+        debug.note("cache", f"{found.name}: AOT compile not stored (its {', '.join(missing)} graph is not in the "
+                            "compiled-graph cache)")
+        return
+    body = dict(plan=plan, graphs={kind: graphs[kind] for kind in needed})
+    keys.write_entry(keys.entry_path("compile", found.key), found.key, FORMAT, body)
+    keys.remember_parts("compile", found.name, found.parts)
+
+
+# --- graphs that run as FX (CPU tensors: no code generation) -------------------------------------------
+
+def compile_fx_graphs(model: Any, example_inputs: Sequence[Any], compile: Callable[[Callable], Callable]) -> Callable:
+    """An AOT compile whose graphs run as their own FX code, through the AOT cache:
+    ``compile(keep)`` runs AOT autograd with each compiler wrapped by ``keep(kind, compiler)``,
+    which keeps the graph the compiler is handed (the graph that runs)."""
+    found, hit = _lookup("fx", model, example_inputs, lambda name, kind, stored: fx_graph_from_entry(stored))
+    if hit is not None:
+        return hit
+    graphs: dict = {}
+    state: dict = {}  # the compiled callable, once AOT returned it; "done" once stored (or refused)
+
+    def store_when_complete() -> None:
+        # the backward graph is compiled at the first backward call, after AOT returned
+        compiled = state.get("compiled")
+        if compiled is None or state.get("done"):
+            return
+        plan = getattr(compiled, "aot_plan", None)
+        if plan is not None and plan["training"] and "backward" not in graphs:
+            return
+        state["done"] = True
+        store(found, compiled, graphs)
+
+    def keep(kind: str, compiler: Callable) -> Callable:
+        def keeping(gm: fx.GraphModule, example_inputs: Any) -> Callable:
+            compiled = compiler(gm, example_inputs)
+            graphs[kind] = _fx_graph_entry_or_none(found, kind, gm)
+            store_when_complete()
+            return compiled
+        return keeping
+
+    state["compiled"] = compile(keep)
+    store_when_complete()
+    return state["compiled"]
+
+
+# the names FX's generated code refers to (torch.fx.graph's builtins for ATen graphs)
+_FX_GLOBALS = {"torch": torch, "inf": math.inf, "nan": math.nan, "NoneType": type(None), "device": torch.device,
+               "fx_pytree": torch.fx._pytree, "pytree": pytree}
+
+
+def _fx_graph_entry_or_none(found: Optional[Lookup], kind: str, gm: fx.GraphModule) -> Optional[dict]:
+    if found is None or not config.cache:
+        return None
+    try:
+        return fx_graph_entry(gm)
+    except graph_cache.Uncacheable as reason:
+        debug.note("cache", f"{found.name}: the {kind} graph is not stored ({reason})")
+        return None
+
+
+def fx_graph_entry(gm: fx.GraphModule) -> dict:
+    """An FX graph as plain data: its generated code, and its constants' bytes."""
+    graph_cache.graph_text(gm)  # refuses targets whose meaning is not in the text
+    code = gm.graph.python_code(root_module="self")
+    for name, value in code.globals.items():
+        if _FX_GLOBALS.get(name, object()) is not value:
+            raise graph_cache.Uncacheable(f"its code refers to {name}")
+    blobs: list = []
+    constants = {}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        value = getattr(gm, node.target)
+        if "." in node.target or not isinstance(value, torch.Tensor):
+            raise graph_cache.Uncacheable(f"it reads the attribute {node.target}")
+        constants[node.target] = graph_cache.describe_object(value, blobs)
+    return dict(code=code.src, constants=constants, blobs=blobs)
+
+
+def fx_graph_from_entry(entry: dict) -> Callable:
+    """The boxed callable running an FX graph's code (text from our own sealed entry)."""
+    namespace = dict(_FX_GLOBALS)
+    exec(compile(entry["code"], "<aotforge cached FX graph>", "exec"), namespace)
+    owner = types.SimpleNamespace(**{name: graph_cache.rebuild_object(described, entry["blobs"])
+                                     for name, described in entry["constants"].items()})
+    return make_boxed_func(functools.partial(namespace["forward"], owner))
+
+
+def _key(name: str, model: Any, example_inputs: Sequence[Any], path_kind: str) -> Lookup:
+    if not isinstance(model, fx.GraphModule):
+        raise graph_cache.Uncacheable(f"the model is a {type(model).__name__}, not an FX graph")
+    params, names = lifted_state(model)
+    inputs = [*params, *example_inputs]
+    if any(isinstance(s, torch.SymInt) for x in inputs if isinstance(x, torch.Tensor)
+           for s in (*x.shape, *x.stride(), x.storage_offset())) or any(
+            isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) for x in inputs):
+        raise graph_cache.Uncacheable("it has symbolic sizes")
+    _check_no_shared_memory(inputs)
+    parts = {
+        **graph_cache.graph_digests(model, frozenset(names)),
+        "inputs": disk_cache.digest(json.dumps([names, [graph_cache.input_description(x) for x in inputs]])),
+        "mode": disk_cache.digest(json.dumps(_global_state(), default=str)),
+        "config": keys.config_digest(),
+        "versions": keys.versions_digest(graph_cache.devices(inputs, model)),
+        "path": path_kind,
+    }
+    return Lookup(name, disk_cache.digest(json.dumps(parts, sort_keys=True)), parts)
+
+
+def _check_no_shared_memory(inputs: Sequence[Any]) -> None:
+    """Inputs that share memory are traced through synthetic bases, which an entry cannot
+    describe; whether two inputs share memory is not in their metadata, so it is checked."""
+    seen: set = set()
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()._cdata
+            if storage in seen:
+                raise graph_cache.Uncacheable("two inputs share memory")
+            seen.add(storage)
+
+
+def _global_state() -> dict:
+    """What AOT tracing reads from outside the graph and its inputs."""
+    return dict(grad=torch.is_grad_enabled(), autocast=autocast_state(), default_dtype=str(torch.get_default_dtype()),
+                deterministic=torch.are_deterministic_algorithms_enabled())

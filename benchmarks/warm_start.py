@@ -1,0 +1,100 @@
+"""Warm start on the CPU: a training step's first call in a fresh process, three ways:
+
+* ``off``: aotforge's caches off (what every restart cost before them);
+* ``cold``: caches on, empty folder (the first process: what storing entries costs);
+* ``warm``: caches on, filled by the ``cold`` process (a restarted job).
+
+Each runs in its own interpreter with ``torch.compile(backend="aotforge")`` and the Triton
+path on the CPU (interpreter). The interpreter runs each kernel at its first launch (stages
+``triton_compile`` and ``first_run``), which has nothing to do with compiling; "first call
+without kernel runs" leaves those out (Dynamo + AOT + compiler + caches). Per stage: the
+seconds each compiled graph's breakdown records, summed over the graphs.
+
+    python benchmarks/warm_start.py [--layers 2] [--repeat 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(mode: str, directory: str, layers: int) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    import aotforge
+    from aotforge.compiler import observe
+    from benchmarks.workloads.models import NanoGPT
+
+    aotforge.config.triton_on_cpu = True
+    aotforge.config.cache, aotforge.config.cache_dir = mode != "off", directory
+    torch.manual_seed(0)
+    model = NanoGPT(128, 16, layers, 2, 32)
+    idx = torch.randint(0, 128, (1, 16))
+    compiled = torch.compile(model, backend="aotforge")
+    with observe() as graphs:
+        started = time.perf_counter()
+        compiled(idx, idx).backward()
+        first = time.perf_counter() - started
+    started = time.perf_counter()
+    compiled(idx, idx).backward()
+    second = time.perf_counter() - started
+    stages: dict = {}
+    for graph in graphs:
+        for stage, seconds in graph.timings.items():
+            stages[stage] = stages.get(stage, 0.0) + seconds
+    kernels = stages.get("triton_compile", 0.0) + stages.get("first_run", 0.0)
+    print(json.dumps(dict(first=first, second=second, stages=stages, compile=first - kernels)))
+
+
+def run(mode: str, directory: str, layers: int) -> dict:
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    environment.pop("AOTFORGE_CACHE", None)
+    out = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", directory, "--layers", str(layers)],
+                         capture_output=True, text=True, env=environment, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--child", default="")
+    parser.add_argument("--dir", default="")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.dir, args.layers)
+        return
+    results: dict = {}
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory() as directory:
+            for mode in ("off", "cold", "warm"):
+                results.setdefault(mode, []).append(run(mode, directory, args.layers))
+    print(f"nanoGPT-style, {args.layers} layers, d=32, CPU (Triton interpreter); seconds, best of {args.repeat}")
+    best = {mode: min(runs, key=lambda r: r["compile"]) for mode, runs in results.items()}
+    print("| process | first call | first call without kernel runs | second call |")
+    print("|---|---|---|---|")
+    for mode, result in best.items():
+        print(f"| {mode} | {result['first']:.2f} | {result['compile']:.2f} | {result['second']:.2f} |")
+    stages = [s for s in sorted({s for r in best.values() for s in r["stages"]},
+                                key=lambda s: -best["off"]["stages"].get(s, 0)) if s not in KERNEL_RUNS]
+    print("\n| stage (all graphs) | " + " | ".join(best) + " |")
+    print("|---|" + "---|" * len(best))
+    for stage in stages:
+        print(f"| {stage} | " + " | ".join(f"{best[m]['stages'].get(stage, 0.0):.3f}" for m in best) + " |")
+
+
+KERNEL_RUNS = ("triton_compile", "first_run", "pool_wait", "autotune")
+
+
+if __name__ == "__main__":
+    main()
