@@ -106,10 +106,10 @@ def _replace(directory: str, problem: str) -> str:
                                "(or aotforge.config.cache_dir) to a folder you own") from error
         atexit.register(shutil.rmtree, replacement, True)
         _replacements[directory] = replacement
-    warnings.warn(f"aotforge: the cache directory {directory} cannot be used ({problem}); this process uses the "
-                  f"private temporary folder {replacement} instead, so nothing compiled is kept for the next "
-                  "process. Set AOTFORGE_CACHE_DIR (or aotforge.config.cache_dir) to a private folder of your "
-                  "own", CacheDirectoryWarning, stacklevel=3)
+    debug.warn_user(f"aotforge: the cache directory {directory} cannot be used ({problem}); this process uses the "
+                    f"private temporary folder {replacement} instead, so nothing compiled is kept for the next "
+                    "process. Set AOTFORGE_CACHE_DIR (or aotforge.config.cache_dir) to a private folder of your "
+                    "own", CacheDirectoryWarning)
     return replacement
 
 
