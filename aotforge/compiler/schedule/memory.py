@@ -121,6 +121,7 @@ def plan_memory(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> 
     allocations: dict[int, tuple] = {}
     pool: list[str] = []  # released buffers whose memory a later buffer may take
     taken: set[str] = set()  # released after an earlier step, kept for a later buffer
+    overwritten: set[str] = set()  # written over in place: their memory is the new buffer's
     for index, step in enumerate(plan.steps):
         if isinstance(step, ExternCall) and any(out is not None for out in step.outputs):
             pool.clear()  # the call's outputs could have had this memory: do not hold it past the call
@@ -130,10 +131,11 @@ def plan_memory(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> 
             for node in step.nodes:
                 if node.mutates is not None or node.name not in plan.stored:
                     continue
-                overwritten = _in_place(step, node, dying, buffers, reads)
-                if overwritten is not None:
-                    dying.remove(overwritten)
-                    made.append(Allocation(node.name, overwritten, in_place=True))
+                old = _in_place(step, node, dying, buffers, reads)
+                if old is not None:
+                    dying.remove(old)
+                    overwritten.add(old)
+                    made.append(Allocation(node.name, old, in_place=True))
                     continue
                 reuse = _take(pool, buffers, node)
                 if reuse is not None:
@@ -141,7 +143,7 @@ def plan_memory(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> 
                 made.append(Allocation(node.name, reuse))
             if made:
                 allocations[index] = tuple(made)
-        pool.extend(n for n in releases.get(index, []) if n in reusable)
+        pool.extend(n for n in releases.get(index, []) if n in reusable and n not in overwritten)
 
     frees: dict[int, tuple] = {}
     kept: dict[int, tuple] = {}
@@ -209,6 +211,9 @@ def live_bytes(lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan) -> t
     during = []
     for index, step in enumerate(plan.steps):
         for allocation in memory.allocations.get(index, ()):
+            if allocation.reuses is not None and allocation.reuses not in live:
+                raise AssertionError(f"memory plan: {allocation.buffer} takes the memory of {allocation.reuses}, "
+                                     "which no live buffer holds (given twice, or never allocated)")
             held = live.pop(allocation.reuses) if allocation.reuses is not None else size_of(allocation.buffer)
             live[allocation.buffer] = held
         if isinstance(step, ExternCall) and not _may_alias(step):

@@ -8,8 +8,11 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from aotforge.compiler import compile_fx_inner
+from aotforge.compiler import compile_fx_inner, pipeline
+from aotforge.compiler.ir import ExternCall
+from aotforge.compiler.schedule import KernelGroup, KernelPlan
 from aotforge.compiler.schedule.memory import Allocation, MemoryPlan, live_bytes
+from aotforge.compiler.schedule.reads import kernel_shape
 from aotforge.config import config
 
 from ..helpers import trace
@@ -169,3 +172,24 @@ def test_graph_inputs_and_other_dtypes_are_never_written_over():
 
     graph = _compiled(fn, torch.randn(8, 8, dtype=torch.float64), torch.randn(8, 8, dtype=torch.float64))
     assert "in place" not in str(graph.memory_plan) and "'s memory" not in str(graph.memory_plan)
+
+
+def _one_kernel_per_buffer(lowered, reads) -> KernelPlan:
+    """A plan without fusion: each computed buffer in a kernel of its own, stored."""
+    steps = [op if isinstance(op, ExternCall) else KernelGroup(f"kernel{i}", *kernel_shape(op), (op,))
+             for i, op in enumerate(lowered.operations)]
+    return KernelPlan(tuple(steps), frozenset(op.name for op in lowered.operations if not isinstance(op, ExternCall)))
+
+
+def test_memory_written_over_in_place_is_given_to_no_other_buffer(monkeypatch):
+    monkeypatch.setattr(pipeline, "fuse", _one_kernel_per_buffer)
+    # sin(x @ w) is written over the product; cos(y), a buffer of the same size made by the
+    # next kernel, must not get the product's memory too (it would write over sin's values)
+    fn = lambda x, w, y: (torch.sin(x @ w), torch.cos(y))
+    graph = _compiled(fn, *(torch.randn(4, 4, dtype=torch.float64) for _ in range(3)))
+    assert str(graph.memory_plan) == """\
+extern0: after: free w_1, x_1
+kernel1: allocate buf1 in buf0's memory (in place); after: free buf0
+kernel2: allocate buf2; after: free y_1
+"""
+    assert _peak(graph) == 2 * 4 * 4 * 8
