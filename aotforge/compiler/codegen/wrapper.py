@@ -127,10 +127,12 @@ class _Writer:
                 self.emit(f"{buffer.name} = {check}({buffer.name}, {_sizes(buffer.layout.size)}, "
                           f"{_sizes(buffer.layout.stride)})")
 
-    def allocate(self, name: str, reuses: Any) -> None:
+    def allocate(self, name: str, reuses: Any, in_place: bool = False) -> None:
         buffer = self.buffers[name]
         size, stride = _sizes(buffer.layout.size), _sizes(buffer.layout.stride)
-        if reuses is not None:
+        if reuses is not None and in_place:  # the kernel still reads it; deleted after the kernel
+            self.emit(f"{name} = reinterpret_tensor({reuses}, {size}, {stride}, 0)  # in place")
+        elif reuses is not None:
             self.emit(f"{name} = reinterpret_tensor({reuses}, {size}, {stride}, 0); del {reuses}  # reuse")
         else:
             self.emit(f"{name} = empty_strided({size}, {stride}, device={self.device(buffer.device)}, "
@@ -161,7 +163,7 @@ def emit_wrapper(lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     sources = {k.group: k for k in kernels}
     for index, step in enumerate(plan.steps):
         for allocation in memory.allocations.get(index, ()):
-            writer.allocate(allocation.buffer, allocation.reuses)
+            writer.allocate(allocation.buffer, allocation.reuses, allocation.in_place)
         if isinstance(step, KernelGroup):
             writer.emit(f"{step.name}.run({', '.join(_launch_arguments(sources[step.name]))})")
         else:

@@ -173,7 +173,7 @@ class GraphLowering:
             return container[node.args[1]]
         lowering = LOWERINGS.get(node.target) if _kernel_dtypes_only(node) else None
         # a SymInt read as a number would add a guard: lowerings see its expression
-        args, kwargs = _map_values(fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n]),
+        args, kwargs = _map_values(fx.node.map_arg((node.args, node.kwargs), self._value_of),
                                    lambda a: to_expr(a) if isinstance(a, torch.SymInt) else a)
         name = _op_name(node.target)
         if lowering is not None:
@@ -190,6 +190,15 @@ class GraphLowering:
                 debug.artifact("lowering", f"lowering_error_{node.name}", self.lowering_errors[-1], ".txt")
         self.fallback_ops[name] = self.fallback_ops.get(name, 0) + 1
         return self.extern(node, args, kwargs)
+
+    def _value_of(self, node: fx.Node) -> Any:
+        """A node's value as its users see it: a value that an earlier user gave a buffer (an
+        ATen call's operand) is read from that buffer. Recomputing it would read its inputs
+        again and keep them alive until this user runs (ResNet: the block's output would keep
+        both convolutions' outputs alive until the next block's residual add)."""
+        value = self.values[node]
+        realized = getattr(value, "realized", None)
+        return value if realized is None else realized
 
     def _undo(self, emitted: int, realized: int) -> None:
         """Forget what a declined lowering emitted: its buffers, and the buffers it gave to
