@@ -15,6 +15,7 @@ scope also keeps the artifacts for ``aotforge.inspect``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import itertools
 import json
 import logging
@@ -48,6 +49,16 @@ _lock = threading.Lock()
 _DYNAMO_PREFIX = "dynamo_graph_"  # the AOT layer's name for graphs handed over by Dynamo
 
 
+def _suggestions(unknown: list) -> str:
+    """ " (did you mean 'graphs'?)" for the unknown topics that look like a valid one."""
+    close = [
+        f"{name!r} for {typo!r}" if len(unknown) > 1 else repr(name)
+        for typo in unknown
+        for name in difflib.get_close_matches(typo, [*TOPICS, "all"], n=1)
+    ]
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
 def _enabled_topics() -> frozenset:
     raw = os.environ.get("AOTFORGE_LOG", "")
     topics = _parsed.get(raw)
@@ -56,7 +67,7 @@ def _enabled_topics() -> frozenset:
         unknown = sorted(topics - set(TOPICS) - {"all"})
         if unknown:
             warnings.warn(
-                f"AOTFORGE_LOG: unknown topic(s) {unknown}; valid topics: all, "
+                f"AOTFORGE_LOG: unknown topic(s) {unknown}{_suggestions(unknown)}; valid topics: all, "
                 + ", ".join(sorted(TOPICS)),
                 stacklevel=3,
             )

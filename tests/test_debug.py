@@ -30,7 +30,7 @@ def fresh_log(monkeypatch):
 
 def test_unknown_topic_warns_and_lists_the_valid_ones(fresh_log):
     fresh_log.setenv("AOTFORGE_LOG", "graph,partition")
-    with pytest.warns(UserWarning, match=r"unknown topic\(s\) \['graph'\]; valid topics: all, .*graphs"):
+    with pytest.warns(UserWarning, match=r"unknown topic\(s\) \['graph'\] \(did you mean 'graphs'\?\); valid topics: all, .*graphs"):
         assert debug.enabled("partition")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per value, not at every artifact
@@ -42,7 +42,13 @@ def test_unknown_topic_warns_at_import():
     result = subprocess.run([sys.executable, "-c", "import aotforge"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0
-    assert "unknown topic(s) ['graph']" in result.stderr and "graphs" in result.stderr
+    assert "unknown topic(s) ['graph'] (did you mean 'graphs'?)" in result.stderr
+
+
+def test_unknown_topics_each_get_a_suggestion(fresh_log):
+    fresh_log.setenv("AOTFORGE_LOG", "graph,verfy,nonsense_xyz")
+    with pytest.warns(UserWarning, match=r"did you mean 'graphs' for 'graph', 'verify' for 'verfy'\?"):
+        debug.enabled("graphs")
 
 
 def _topics_used_in_the_package() -> set[str]:
