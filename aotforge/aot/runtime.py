@@ -197,7 +197,11 @@ def make_training_runtime(
     non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
     tangent_indices = [i for i, d in enumerate(differentiable) if d]
     compiled_backward: list[Optional[Callable]] = [None]
+    # The backward graph returns the new values of inputs (int entries) and then of tangents
+    # (("tangent", j) entries) that a custom Function's backward mutated.
     mutated_in_backward = list(mutated_in_backward)
+    mutated_inputs = [i for i in mutated_in_backward if isinstance(i, int)]
+    mutated_tangents = [tangent_indices[j] for kind, j in (m for m in mutated_in_backward if not isinstance(m, int))]
 
     def run_backward(ctx, grad_outputs) -> list:
         if compiled_backward[0] is None:
@@ -217,7 +221,8 @@ def make_training_runtime(
         if not mutated_in_backward:
             return tuple(results)
         num_grads = len(results) - len(mutated_in_backward)
-        for target, value in zip(ctx.mutated_in_backward, results[num_grads:]):
+        targets = [*ctx.mutated_in_backward, *(grad_outputs[i] for i in mutated_tangents)]
+        for target, value in zip(targets, results[num_grads:]):
             target.copy_(value)  # under no_grad (once_differentiable), as eager's backward ran
         return tuple(results[:num_grads])
 
@@ -236,7 +241,7 @@ def make_training_runtime(
             ctx.save_for_backward(*saved)
             ctx.symints = results[num_outputs + num_saved_tensors :]
             if mutated_in_backward:
-                ctx.mutated_in_backward = [args[i] for i in mutated_in_backward]
+                ctx.mutated_in_backward = [args[i] for i in mutated_inputs]
             ctx.mark_non_differentiable(
                 *(outputs[i] for i in non_differentiable_indices if isinstance(outputs[i], torch.Tensor))
             )

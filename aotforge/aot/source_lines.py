@@ -52,11 +52,22 @@ def _user_stack() -> Optional[str]:
     return "".join(summary.format()).rstrip()
 
 
+def _dynamo_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
+    return bool(is_compiling and is_compiling())
+
+
 class _RecordUserSource(TorchFunctionMode):
     """Set the current node meta's stack trace to the user's frames for each torch call."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _dynamo_compiling():
+            # torch.cond and other higher-order ops have Dynamo trace their branches while
+            # this mode is active; Dynamo records its own source lines and cannot trace
+            # frame inspection, so the mode steps aside (the branch folds away for Dynamo).
+            return func(*args, **kwargs)
         meta = fx_traceback.get_current_meta()
         if meta.get("stack_trace"):  # Dynamo's (or an outer call's) source: keep it
             return func(*args, **kwargs)

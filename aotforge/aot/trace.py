@@ -78,10 +78,12 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
     """``(primals, tangents) -> (*forward outputs, *one gradient per primal or None,
     *values of inputs the backward mutated)``.
 
-    A custom autograd.Function's backward may mutate a tensor it saved (an input): eager
-    applies that when the backward runs. The joint returns the input's value after the
-    backward as an extra backward output, and fills ``mutated_in_backward`` with the input
-    indices, so that the runtime copies it into the caller's tensor at backward time.
+    A custom autograd.Function's backward may mutate a tensor it saved (an input), or the
+    gradient it received (``grad.mul_(2)``): eager applies that when the backward runs. The
+    joint returns each such tensor's value after the backward as an extra backward output,
+    and fills ``mutated_in_backward`` with the input indices (ints), then ``("tangent", j)``
+    for the tangents, so that the runtime copies them into the caller's tensors at backward
+    time.
     """
     differentiable = meta.graph_output_requires_grad()
     num_mutated = len(meta.mutated_input_indices)
@@ -107,7 +109,6 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
             grads.pop(0) if isinstance(p, torch.Tensor) and p.requires_grad and grads else None
             for p in primals
         ]
-        _check_tangents_unchanged(tangents)
         updated = []
         for index, (holder, before) in enumerate(zip(holders, before_backward)):
             after = _current_value(holder)
@@ -121,6 +122,10 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
                 )
             mutated_in_backward.append(index)
             updated.append(after)
+        for index, tangent in enumerate(tangents):
+            if isinstance(tangent, FunctionalTensor) and has_data_mutation(tangent):
+                mutated_in_backward.append(("tangent", index))
+                updated.append(_current_value(tangent))
         return (*forward_outputs, *grads_per_primal, *updated)
 
     return joint
@@ -132,16 +137,6 @@ def _current_value(value):
     if isinstance(value, FunctionalTensor):
         return from_functional(value)
     return value
-
-
-def _check_tangents_unchanged(tangents: Sequence) -> None:
-    for tangent in tangents:
-        if isinstance(tangent, FunctionalTensor) and has_data_mutation(tangent):
-            raise NotImplementedError(
-                "aotforge: a backward (of a custom autograd.Function) mutates the gradient it "
-                "received in place; that is not supported. Compute a new tensor instead "
-                "(grad * 2 rather than grad.mul_(2))."
-            )
 
 
 def make_tangents(graph_output_fakes: Sequence, meta: ViewAndMutationMeta) -> list:
