@@ -24,6 +24,7 @@ from .rng import RandomOps
 from .runtime import check_outputs_once, make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
 from .subclasses import TensorSubclasses, check_supported_inputs, is_subclass
+from .unfunctionalized import split_by_phase
 from .trace import TRACE_LOCK, graph_outputs_fn, joint_fn, make_tangents, trace, trace_forward, trace_joint
 
 
@@ -198,12 +199,15 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
     num_outputs = meta.num_graph_outputs if subclasses is None else subclasses.num_plain_outputs
-    forward, backward = partition_with_effects(config.partition_fn)(
-        joint,
-        [*fake_args, *tangents],
-        num_fwd_outputs=num_outputs,
-        static_lifetime_input_indices=static_inputs,
-    )
+    if functionalize:
+        forward, backward = partition_with_effects(config.partition_fn)(
+            joint,
+            [*fake_args, *tangents],
+            num_fwd_outputs=num_outputs,
+            static_lifetime_input_indices=static_inputs,
+        )
+    else:  # in-place ops in the graph: split in trace order (see unfunctionalized.py)
+        forward, backward = split_by_phase(joint, num_outputs)
     debug.graph_artifact("graphs", f"{config.name}_forward", forward)
     debug.graph_artifact("graphs", f"{config.name}_backward", backward)
     saved = _output_values(forward)[num_outputs:]

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
+from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import effects, rng
@@ -33,6 +34,7 @@ from .functional import (
 from .schemas import OutputKind, ViewAndMutationMeta
 from . import source_lines
 from .source_lines import copy_forward_source_to_backward, recording_source_lines
+from .unfunctionalized import BACKWARD, PHASE_KEY
 
 # make_fx and FX's symbolic tracer keep global state (the patcher, the current node meta):
 # two threads tracing at once corrupt it for every later trace, torch.compile's included.
@@ -104,7 +106,8 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
         grads = []
         if wrt and grad_outputs:
-            grads = list(source_lines.grad(grad_outputs, wrt, tangents))
+            with _tagged_as_backward():
+                grads = list(source_lines.grad(grad_outputs, wrt, tangents))
         grads_per_primal = [
             grads.pop(0) if isinstance(p, torch.Tensor) and p.requires_grad and grads else None
             for p in primals
@@ -129,6 +132,25 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         return (*forward_outputs, *grads_per_primal, *updated)
 
     return joint
+
+
+@contextlib.contextmanager
+def _tagged_as_backward():
+    """Nodes traced inside get ``meta["partitioner_tag"] = "is_backward"`` (make_fx copies the
+    current node meta): the split of a graph traced without functionalization reads it."""
+    meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else None
+    if meta is None:
+        yield
+        return
+    previous = meta.get(PHASE_KEY)
+    meta[PHASE_KEY] = BACKWARD
+    try:
+        yield
+    finally:
+        if previous is None:
+            meta.pop(PHASE_KEY, None)
+        else:
+            meta[PHASE_KEY] = previous
 
 
 def _current_value(value):
