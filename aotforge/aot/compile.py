@@ -247,7 +247,8 @@ def _saved_aliases_of_mutated_inputs(forward: fx.GraphModule, meta, num_outputs:
     """Saved tensors that are (views of) inputs the epilogue will mutate. The backward must see
     their values from before the write-back, so the runtime saves clones of them."""
     mutated = {
-        i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata
+        i for i, info in enumerate(meta.input_info)
+        if info.mutates_data or info.mutates_metadata or info.storage_swapped or info.storage_freed
     }
     placeholders = forward.graph.find_nodes(op="placeholder")
     mutated_nodes = {placeholders[i] for i in mutated}

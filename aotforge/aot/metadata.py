@@ -38,9 +38,9 @@ class ContractMeta(ViewAndMutationMeta):
 
 
 _STORAGE_SWAP_MESSAGE = (
-    "aotforge: the function swaps or grows the storage of an input (set_(), or resize_() to a "
-    "larger size); that cannot be replayed on the caller's tensor. Write the result to a new "
-    "tensor and return it instead."
+    "aotforge: the function swaps or grows the storage of an input (set_() on a tensor "
+    "subclass, or resize_() to a larger size); that cannot be replayed on the caller's "
+    "tensor. Write the result to a new tensor and return it instead."
 )
 
 
@@ -65,10 +65,19 @@ def collect_metadata(
                 if isinstance(arg, torch.Tensor):
                     storages.setdefault(storage_ref(arg), index)
             grad_fns_before = [getattr(a, "grad_fn", None) for a in functional_args]
+            # An alias of each input's storage as it was: it shows whether the old storage was
+            # written before a set_() moved the input elsewhere.
+            with torch.no_grad():
+                old_storages = [
+                    torch.ops.aten.alias.default(a) if isinstance(a, torch.Tensor) and not is_subclass(a) else None
+                    for a in functional_args
+                ]
             outputs = list(flat_fn(*functional_args))
             input_info = [
                 subclass_input_info(index, f_arg, arg, grad_fn_before, _STORAGE_SWAP_MESSAGE)
                 if is_subclass(arg)
+                else _swapped_input_info(index, f_arg, arg, old_storages[index], functional_args)
+                if isinstance(arg, torch.Tensor) and torch._functionalize_was_storage_changed(f_arg.elem)
                 else _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
                 for index, (f_arg, arg, grad_fn_before) in enumerate(zip(functional_args, fake_args, grad_fns_before))
             ]
@@ -97,8 +106,7 @@ def collect_metadata(
 def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: bool) -> InputInfo:
     if not isinstance(arg, torch.Tensor):
         return InputInfo(is_tensor=False)
-    if torch._functionalize_was_storage_changed(f_arg.elem):
-        raise NotImplementedError(_STORAGE_SWAP_MESSAGE)
+    nbytes_before, nbytes_after = _storage_resize(f_arg)
     mutates_data = has_data_mutation(f_arg)
     mutates_metadata = has_metadata_mutation(f_arg, arg)
     under_no_grad = mutates_data and mutations_under_no_grad(f_arg)
@@ -127,6 +135,69 @@ def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: b
         mutations_hidden_from_autograd=hidden,
         mutation_kept_in_graph=keep,
         layout_after=layout_after,
+        storage_nbytes_before=nbytes_before,
+        storage_nbytes_after=nbytes_after,
+    )
+
+
+def _storage_resize(f_arg) -> tuple[Optional[int], Optional[int]]:
+    """(bytes before, bytes after) if ``torch.ops.inductor.resize_storage_bytes_`` changed the
+    input's storage size, else (None, None). As in FSDP, the storage must start or end empty:
+    the runtime then resizes the caller's storage before the graph runs (growing) or after
+    (freeing), and the data in between is what the graph computes."""
+    if not torch._functionalize_was_inductor_storage_resized(f_arg.elem):
+        return None, None
+    before = torch._functionalize_get_storage_size(f_arg.elem, before=True)
+    after = torch._functionalize_get_storage_size(f_arg.elem, before=False)
+    if before == after:
+        return None, None
+    if before != 0 and after != 0:
+        raise NotImplementedError(
+            f"aotforge: the function resizes an input's storage from {before} to {after} bytes "
+            "(resize_storage_bytes_); only resizes from or to 0 bytes (FSDP's free and "
+            "re-allocate) are supported. Resize outside the compiled function."
+        )
+    return int(before), int(after)
+
+
+def _swapped_input_info(index: int, f_arg, arg, old_storage, functional_args) -> InputInfo:
+    """InputInfo of an input the function pointed at another tensor (``set_()``)."""
+    if old_storage is not None and has_data_mutation(old_storage):
+        raise NotImplementedError(
+            f"aotforge: input {index} is changed in place and then set_() to another tensor; the "
+            "change to its old storage cannot be replayed. Do the set_() first, or change a "
+            "clone of the input."
+        )
+    if has_data_mutation(f_arg) and not (mutations_under_no_grad(f_arg) or mutations_hidden_from_autograd(f_arg)):
+        # PyTorch's AOTAutograd raises AssertionError here too, with these words.
+        raise AssertionError(
+            f"aotforge: input {index} received a set_() (a storage swap), but the input has other "
+            "mutations that we cannot replay after it: an in-place change that autograd records. "
+            "Do the set_() and the in-place changes under torch.no_grad(), or change a clone."
+        )
+    # a resize before the set_() shows on the old storage (FSDP frees it, then swaps)
+    nbytes_before, nbytes_after = _storage_resize(old_storage if old_storage is not None else f_arg)
+    value = from_functional(f_arg)
+    layout = StridedLayout.of(value)
+    owner = None
+    for other_index, other in enumerate(functional_args):
+        if other_index == index or not isinstance(other, torch.Tensor) or is_subclass(other):
+            continue
+        other_value = from_functional(other)
+        if storage_ref(other_value) == storage_ref(value):
+            owner = other_index
+            # the offset within the other input's storage, relative to where that input starts
+            layout = StridedLayout(layout.size, layout.stride, layout.storage_offset - StridedLayout.of(other_value).storage_offset)
+            break
+    return InputInfo(
+        is_tensor=True,
+        requires_grad=bool(arg.requires_grad),
+        requires_grad_after=bool(f_arg.requires_grad),
+        layout_after=layout,
+        storage_swapped=True,
+        swapped_to_input=owner,
+        storage_nbytes_before=nbytes_before,
+        storage_nbytes_after=nbytes_after,
     )
 
 
