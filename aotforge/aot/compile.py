@@ -56,9 +56,19 @@ def fake_inputs(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, lis
     fakes = []
     for arg in flat_args:
         if isinstance(arg, torch.Tensor) and not isinstance(arg, FakeTensor):
-            arg = fake_mode.from_tensor(arg, static_shapes=static_shapes)
+            fake = fake_mode.from_tensor(arg, static_shapes=static_shapes)
+            if _has_empty_storage(arg) and not _has_empty_storage(fake):
+                # FSDP frees parameters' storage; the fake must show it (metadata reads it)
+                fake.untyped_storage().resize_(0)
+            arg = fake
         fakes.append(arg)
     return fake_mode, fakes
+
+
+def _has_empty_storage(tensor: torch.Tensor) -> bool:
+    if tensor.layout is not torch.strided or tensor.is_nested or type(tensor) not in (torch.Tensor, FakeTensor, torch.nn.Parameter):
+        return False
+    return tensor.numel() > 0 and tensor.untyped_storage().nbytes() == 0
 
 
 def compile_flat(

@@ -8,6 +8,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch._C._autograd import CreationMeta, _get_creation_meta
 from torch._dispatch.python import enable_python_dispatcher
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .functional import (
     FunctionalTensorMode,
@@ -56,6 +57,7 @@ def collect_metadata(
     ``flat_fn`` takes flat arguments and returns a flat list of outputs. Also returns fake
     values of what the functional graph will return (the tangents are made like them).
     """
+    nbytes_before = [_storage_nbytes(a) for a in fake_args]  # before wrapping touches them
     with enable_python_dispatcher(), FunctionalTensorMode(_allow_token_discovery=True):
         with below_functionalization():
             functional_args = [to_functional(a) for a in fake_args]
@@ -72,13 +74,15 @@ def collect_metadata(
                     torch.ops.aten.alias.default(a) if isinstance(a, torch.Tensor) and not is_subclass(a) else None
                     for a in functional_args
                 ]
-            outputs = list(flat_fn(*functional_args))
+            with _StorageResizes(functional_args, nbytes_before) as resizes:
+                outputs = list(flat_fn(*functional_args))
             input_info = [
                 subclass_input_info(index, f_arg, arg, grad_fn_before, _STORAGE_SWAP_MESSAGE)
                 if is_subclass(arg)
-                else _swapped_input_info(index, f_arg, arg, old_storages[index], functional_args)
+                else _swapped_input_info(index, f_arg, arg, old_storages[index], functional_args, resizes.of(index, arg))
                 if isinstance(arg, torch.Tensor) and torch._functionalize_was_storage_changed(f_arg.elem)
-                else _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
+                else _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations,
+                                 resizes.of(index, arg))
                 for index, (f_arg, arg, grad_fn_before) in enumerate(zip(functional_args, fake_args, grad_fns_before))
             ]
             output_info, bases, view_replays, custom = _output_info(outputs, functional_args, storages)
@@ -103,10 +107,10 @@ def collect_metadata(
     return meta, graph_output_fakes
 
 
-def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: bool) -> InputInfo:
+def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: bool, resize) -> InputInfo:
     if not isinstance(arg, torch.Tensor):
         return InputInfo(is_tensor=False)
-    nbytes_before, nbytes_after = _storage_resize(f_arg)
+    nbytes_before, nbytes_after = resize
     mutates_data = has_data_mutation(f_arg)
     mutates_metadata = has_metadata_mutation(f_arg, arg)
     under_no_grad = mutates_data and mutations_under_no_grad(f_arg)
@@ -140,27 +144,64 @@ def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: b
     )
 
 
-def _storage_resize(f_arg) -> tuple[Optional[int], Optional[int]]:
-    """(bytes before, bytes after) if ``torch.ops.inductor.resize_storage_bytes_`` changed the
-    input's storage size, else (None, None). As in FSDP, the storage must start or end empty:
-    the runtime then resizes the caller's storage before the graph runs (growing) or after
-    (freeing), and the data in between is what the graph computes."""
-    if not torch._functionalize_was_inductor_storage_resized(f_arg.elem):
-        return None, None
-    before = torch._functionalize_get_storage_size(f_arg.elem, before=True)
-    after = torch._functionalize_get_storage_size(f_arg.elem, before=False)
-    if before == after:
-        return None, None
-    if before != 0 and after != 0:
-        raise NotImplementedError(
-            f"aotforge: the function resizes an input's storage from {before} to {after} bytes "
-            "(resize_storage_bytes_); only resizes from or to 0 bytes (FSDP's free and "
-            "re-allocate) are supported. Resize outside the compiled function."
-        )
-    return int(before), int(after)
+class _StorageResizes(TorchDispatchMode):
+    """Records ``torch.ops.inductor.resize_storage_bytes_`` calls on inputs (FSDP frees and
+    re-allocates parameters' storage with it); functionalization does not record them."""
+
+    def __init__(self, functional_args: list, nbytes_before: list):
+        super().__init__()
+        self.args = functional_args
+        self.nbytes: dict[int, int] = {}  # input index -> its storage size after the last resize
+        self.nbytes_before = nbytes_before
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _RESIZE_STORAGE_BYTES:
+            # the input itself, or a view of it (same storage)
+            index = next((i for i, a in enumerate(self.args) if a is args[0]), None)
+            if index is None:
+                index = next(
+                    (i for i, a in enumerate(self.args) if isinstance(a, torch.Tensor) and _same_storage(a, args[0])),
+                    None,
+                )
+            if index is not None:
+                self.nbytes[index] = args[1]
+        return func(*args, **(kwargs or {}))
+
+    def of(self, index: int, arg) -> tuple[Optional[int], Optional[int]]:
+        """(bytes before, bytes after) if the call resized input ``index``'s storage, else
+        (None, None). The storage must start or end empty, as in FSDP: the runtime then
+        resizes the caller's storage before the graph runs (growing) or after it (freeing)."""
+        if index not in self.nbytes:
+            return None, None
+        before, after = self.nbytes_before[index], self.nbytes[index]
+        if before == after:
+            return None, None
+        if before != 0 and after != 0:
+            raise NotImplementedError(
+                f"aotforge: the function resizes the storage of input {index} from {before} to "
+                f"{after} bytes (resize_storage_bytes_); only resizes from or to 0 bytes (FSDP's "
+                "free and re-allocate) are supported. Resize outside the compiled function."
+            )
+        return int(before), int(after)
 
 
-def _swapped_input_info(index: int, f_arg, arg, old_storage, functional_args) -> InputInfo:
+def _storage_nbytes(value) -> Optional[int]:
+    if not isinstance(value, torch.Tensor) or is_subclass(value) or value.is_sparse or value.is_nested:
+        return None
+    return value.untyped_storage().nbytes()
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except RuntimeError:  # a subclass without storage
+        return False
+
+
+_RESIZE_STORAGE_BYTES = getattr(getattr(torch.ops.inductor, "resize_storage_bytes_", None), "default", None)
+
+
+def _swapped_input_info(index: int, f_arg, arg, old_storage, functional_args, resize) -> InputInfo:
     """InputInfo of an input the function pointed at another tensor (``set_()``)."""
     if old_storage is not None and has_data_mutation(old_storage):
         raise NotImplementedError(
@@ -175,8 +216,7 @@ def _swapped_input_info(index: int, f_arg, arg, old_storage, functional_args) ->
             "mutations that we cannot replay after it: an in-place change that autograd records. "
             "Do the set_() and the in-place changes under torch.no_grad(), or change a clone."
         )
-    # a resize before the set_() shows on the old storage (FSDP frees it, then swaps)
-    nbytes_before, nbytes_after = _storage_resize(old_storage if old_storage is not None else f_arg)
+    nbytes_before, nbytes_after = resize  # FSDP frees the old storage, then swaps
     value = from_functional(f_arg)
     layout = StridedLayout.of(value)
     owner = None
