@@ -32,6 +32,7 @@ from .functional import (
     to_functional,
 )
 from .schemas import OutputKind, ViewAndMutationMeta
+from .subclasses import inner_leaves, is_subclass
 from . import source_lines
 from .source_lines import copy_forward_source_to_backward, recording_source_lines
 from .unfunctionalized import BACKWARD, PHASE_KEY
@@ -117,6 +118,15 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
             after = _current_value(holder)
             if after is before:
                 continue
+            if is_subclass(holder):
+                if any(a is not b for a, b in zip(after, before)):
+                    raise NotImplementedError(
+                        f"aotforge: a backward (of a custom autograd.Function) mutates the "
+                        f"tensor-subclass input {index} ({type(holder).__name__}) in place; that "
+                        "is not supported. Mutate a plain tensor, or clone the input inside the "
+                        "function."
+                    )
+                continue
             if (after.shape, after.stride(), after.storage_offset()) != (before.shape, before.stride(), before.storage_offset()):
                 raise NotImplementedError(
                     "aotforge: a backward (of a custom autograd.Function) changes the shape or "
@@ -155,9 +165,12 @@ def _tagged_as_backward():
 
 def _current_value(value):
     """The value a FunctionalTensor holds now (a traced plain tensor, which later mutations of
-    the FunctionalTensor do not change); other values as they are."""
+    the FunctionalTensor do not change); for a tensor subclass, its inner tensors' values (a
+    tuple); other values as they are."""
     if isinstance(value, FunctionalTensor):
         return from_functional(value)
+    if is_subclass(value):
+        return tuple(_current_value(leaf) for leaf in inner_leaves(value))
     return value
 
 
