@@ -67,19 +67,12 @@ def collect_metadata(
                 if isinstance(arg, torch.Tensor):
                     storages.setdefault(storage_ref(arg), index)
             grad_fns_before = [getattr(a, "grad_fn", None) for a in functional_args]
-            # An alias of each input's storage as it was: it shows whether the old storage was
-            # written before a set_() moved the input elsewhere.
-            with torch.no_grad():
-                old_storages = [
-                    torch.ops.aten.alias.default(a) if isinstance(a, torch.Tensor) and not is_subclass(a) else None
-                    for a in functional_args
-                ]
-            with _StorageResizes(functional_args, nbytes_before) as resizes:
+            with _StorageChanges(functional_args, nbytes_before) as resizes:
                 outputs = list(flat_fn(*functional_args))
             input_info = [
                 subclass_input_info(index, f_arg, arg, grad_fn_before, _STORAGE_SWAP_MESSAGE)
                 if is_subclass(arg)
-                else _swapped_input_info(index, f_arg, arg, old_storages[index], functional_args, resizes.of(index, arg))
+                else _swapped_input_info(index, f_arg, arg, resizes, functional_args)
                 if isinstance(arg, torch.Tensor) and torch._functionalize_was_storage_changed(f_arg.elem)
                 else _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations,
                                  resizes.of(index, arg))
@@ -144,28 +137,41 @@ def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: b
     )
 
 
-class _StorageResizes(TorchDispatchMode):
+class _StorageChanges(TorchDispatchMode):
     """Records ``torch.ops.inductor.resize_storage_bytes_`` calls on inputs (FSDP frees and
-    re-allocates parameters' storage with it); functionalization does not record them."""
+    re-allocates parameters' storage with it; functionalization does not record them), and
+    which inputs had their data changed before a ``set_()`` moved them to another storage."""
+
+    supports_higher_order_operators = True  # torch.cond & co. pass through unchanged
 
     def __init__(self, functional_args: list, nbytes_before: list):
         super().__init__()
         self.args = functional_args
         self.nbytes: dict[int, int] = {}  # input index -> its storage size after the last resize
         self.nbytes_before = nbytes_before
+        self.changed_before_set: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _RESIZE_STORAGE_BYTES:
-            # the input itself, or a view of it (same storage)
-            index = next((i for i, a in enumerate(self.args) if a is args[0]), None)
-            if index is None:
-                index = next(
-                    (i for i, a in enumerate(self.args) if isinstance(a, torch.Tensor) and _same_storage(a, args[0])),
-                    None,
-                )
+            index = self._input_index(args[0])
             if index is not None:
                 self.nbytes[index] = args[1]
+        elif getattr(func, "overloadpacket", None) is torch.ops.aten.set_:
+            index = self._input_index(args[0])
+            if index is not None and has_data_mutation(args[0]):
+                self.changed_before_set.add(index)
         return func(*args, **(kwargs or {}))
+
+    def _input_index(self, tensor) -> Optional[int]:
+        """The input ``tensor`` is, or whose storage it views."""
+        index = next((i for i, a in enumerate(self.args) if a is tensor), None)
+        if index is None and isinstance(tensor, torch.Tensor) and not is_subclass(tensor):
+            index = next(
+                (i for i, a in enumerate(self.args)
+                 if isinstance(a, torch.Tensor) and not is_subclass(a) and _same_storage(a, tensor)),
+                None,
+            )
+        return index
 
     def of(self, index: int, arg) -> tuple[Optional[int], Optional[int]]:
         """(bytes before, bytes after) if the call resized input ``index``'s storage, else
@@ -201,9 +207,9 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 _RESIZE_STORAGE_BYTES = getattr(getattr(torch.ops.inductor, "resize_storage_bytes_", None), "default", None)
 
 
-def _swapped_input_info(index: int, f_arg, arg, old_storage, functional_args, resize) -> InputInfo:
+def _swapped_input_info(index: int, f_arg, arg, changes: _StorageChanges, functional_args) -> InputInfo:
     """InputInfo of an input the function pointed at another tensor (``set_()``)."""
-    if old_storage is not None and has_data_mutation(old_storage):
+    if index in changes.changed_before_set:
         raise NotImplementedError(
             f"aotforge: input {index} is changed in place and then set_() to another tensor; the "
             "change to its old storage cannot be replayed. Do the set_() first, or change a "
@@ -216,7 +222,7 @@ def _swapped_input_info(index: int, f_arg, arg, old_storage, functional_args, re
             "mutations that we cannot replay after it: an in-place change that autograd records. "
             "Do the set_() and the in-place changes under torch.no_grad(), or change a clone."
         )
-    nbytes_before, nbytes_after = resize  # FSDP frees the old storage, then swaps
+    nbytes_before, nbytes_after = changes.of(index, arg)  # FSDP frees the old storage, then swaps
     value = from_functional(f_arg)
     layout = StridedLayout.of(value)
     owner = None
