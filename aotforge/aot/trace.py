@@ -101,7 +101,7 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         forward_outputs = [_current_value(o) if i < num_mutated else o for i, o in enumerate(outputs)]
         # where each input's value lives while the backward runs
         holders = [outputs[clone_position[i]] if i in clone_position else p for i, p in enumerate(primals)]
-        before_backward = [_current_value(h) for h in holders]
+        before_backward = [_state(h) for h in holders]
         effects.end_phase("forward")  # the backward's effects get a chain of their own
         grad_outputs = [o for o, d in zip(outputs, differentiable) if d]
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
@@ -115,7 +115,7 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         ]
         updated = []
         for index, (holder, before) in enumerate(zip(holders, before_backward)):
-            after = _current_value(holder)
+            after = _state(holder)
             if after is before:
                 continue
             if is_subclass(holder):
@@ -165,13 +165,18 @@ def _tagged_as_backward():
 
 def _current_value(value):
     """The value a FunctionalTensor holds now (a traced plain tensor, which later mutations of
-    the FunctionalTensor do not change); for a tensor subclass, its inner tensors' values (a
-    tuple); other values as they are."""
+    the FunctionalTensor do not change); other values as they are."""
     if isinstance(value, FunctionalTensor):
         return from_functional(value)
+    return value
+
+
+def _state(value):
+    """``_current_value``, and for a tensor subclass the tuple of its inner tensors' values,
+    so that a change of an inner tensor shows."""
     if is_subclass(value):
         return tuple(_current_value(leaf) for leaf in inner_leaves(value))
-    return value
+    return _current_value(value)
 
 
 def make_tangents(graph_output_fakes: Sequence, meta: ViewAndMutationMeta) -> list:
