@@ -18,6 +18,7 @@ from ..partition import default_partition
 from .compile import CompileConfig, compile_flat, is_training_call
 from .guards import autocast_state, check_no_fake_constants, closure_state_fn, constant_key
 from .schemas import AOTConfig
+from .source_lines import interpreted_node_by_node
 from .subclasses import subclass_signature
 from .trace import TRACE_LOCK
 
@@ -365,7 +366,8 @@ def aot_module_simplified(
         *(num_params + i for i in _dynamo_static_inputs(mod)),
     )
     flat_args = [*params, *args]
-    run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
+    with interpreted_node_by_node(mod):  # Dynamo's graph: its nodes' source lines carry over
+        run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
 
     def forward(*runtime_args):
         return run([*params, *runtime_args])

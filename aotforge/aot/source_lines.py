@@ -135,3 +135,20 @@ def copy_forward_source_to_backward(gm: fx.GraphModule) -> None:
             source_by_seq_nr.setdefault(seq_nr, stack_trace)
         elif seq_nr in source_by_seq_nr:
             node.meta["stack_trace"] = source_by_seq_nr[seq_nr]
+
+
+@contextlib.contextmanager
+def interpreted_node_by_node(gm) -> Iterator[None]:
+    """While the AOT layer traces ``gm`` (Dynamo's graph, whose nodes carry the user's stack
+    traces), run it node by node with FX's node-meta preservation on, so that every ATen node
+    it produces keeps the user's stack trace: the graphs handed to the fw/bw compilers,
+    aotforge.inspect and the verify report then show the user's source lines."""
+    if not isinstance(gm, fx.GraphModule) or "forward" in gm.__dict__:
+        yield
+        return
+    gm.forward = lambda *args: fx.Interpreter(gm).run(*args)
+    try:
+        with fx_traceback.preserve_node_meta():
+            yield
+    finally:
+        del gm.forward

@@ -414,3 +414,40 @@ def test_inputs_sharing_a_storage_one_mutated(subclass, views, overlapping):
     torch.testing.assert_close(test_base, ref_base)
     if not overlapping and not subclass:  # no synthetic base: the views stayed two inputs
         assert len(graphs["forward"].graph.find_nodes(op="placeholder")) == 2
+
+
+# ------------------------------------------------------- source lines under torch.compile
+
+
+def test_aot_module_simplified_under_torch_compile_keeps_user_stack_traces():
+    from aotforge import aot_module_simplified
+
+    seen = {}
+
+    def grab(kind):
+        def compiler(gm, example_inputs):
+            seen[kind] = [n.meta.get("stack_trace") for n in gm.graph.nodes if n.op == "call_function"]
+            return gm
+        return compiler
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=grab("forward"), bw_compiler=grab("backward"))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4, dtype=torch.float64)
+
+        def forward(self, x):
+            return (self.linear(x).relu() * 2).sum()  # the line every node should name
+
+    torch._dynamo.reset()
+    model = Model()
+    x = torch.rand(3, 4, dtype=torch.float64)
+    expected = model(x)
+    actual = torch.compile(model, backend=backend)(x)
+    torch.testing.assert_close(actual, expected)
+    actual.backward()
+    torch._dynamo.reset()
+    for kind in ("forward", "backward"):
+        assert seen[kind] and all(trace and "the line every node should name" in trace for trace in seen[kind]), kind
