@@ -71,6 +71,22 @@ def _has_empty_storage(tensor: torch.Tensor) -> bool:
     return tensor.numel() > 0 and tensor.untyped_storage().nbytes() == 0
 
 
+def _check_no_read_of_freed_storage(flat_args: Sequence, meta: ViewAndMutationMeta) -> None:
+    """An input whose storage was freed (0 bytes, as FSDP leaves sharded parameters) must be
+    re-allocated (resize_storage_bytes_) or swapped (set_()) by the function before use;
+    reading it reads freed memory, which crashes eager. Refuse it before anything runs."""
+    for index, (arg, info) in enumerate(zip(flat_args, meta.input_info)):
+        if isinstance(arg, torch.Tensor) and _has_empty_storage(arg) and not (
+            info.storage_nbytes_after or info.storage_swapped
+        ):
+            raise RuntimeError(
+                f"aotforge: input {index} has a freed storage (0 bytes for {arg.numel()} elements, "
+                "as after untyped_storage().resize_(0)), and the function neither re-allocates it "
+                "(torch.ops.inductor.resize_storage_bytes_) nor set_()s it; reading it would read "
+                "freed memory. Re-allocate the storage before the call, or inside the function."
+            )
+
+
 def compile_flat(
     flat_fn: Callable,
     flat_args: Sequence,
@@ -119,6 +135,7 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
                 ) from error
 
     meta, graph_output_fakes = collect(flat_fn, fake_args)
+    _check_no_read_of_freed_storage(flat_args, meta)
     groups = alias_groups(fake_args, meta)
     if any(is_subclass(fake_args[i]) for group in groups for i in group):
         raise NotImplementedError(

@@ -126,6 +126,14 @@ def test_input_storage_freed_inside_the_function():
     assert test.untyped_storage().nbytes() == ref.untyped_storage().nbytes() == 0
 
 
+def test_reading_a_freed_input_storage_is_refused_before_it_runs():
+    # eager reads freed memory here (a segfault); aotforge refuses at compile time
+    freed = torch.zeros(8)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(RuntimeError, match="input 0 has a freed storage"):
+        aot_function(lambda x: x + 1, nop)(freed)
+
+
 def test_resize_between_two_nonzero_sizes_is_refused():
     def f(a):
         torch.ops.inductor.resize_storage_bytes_(a, 16)
