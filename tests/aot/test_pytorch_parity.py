@@ -459,3 +459,24 @@ def test_aot_module_simplified_under_torch_compile_keeps_user_stack_traces():
     torch._dynamo.reset()
     for kind in ("forward", "backward"):
         assert seen[kind] and all(trace and "the line every node should name" in trace for trace in seen[kind]), kind
+
+
+def test_export_refuses_storage_changes_of_inputs():
+    from aotforge.aot import ExportError, aot_export_joint_simple
+
+    def swaps(x, y):
+        with torch.no_grad():
+            x.set_(y * 2)
+        return (x + 1,)
+
+    with pytest.raises(ExportError, match="set_"):
+        aot_export_joint_simple(swaps, [torch.ones(3), torch.ones(3)], trace_joint=False)
+
+    class Frees(torch.nn.Module):
+        def forward(self, x):
+            out = x.sin()
+            torch.ops.inductor.resize_storage_bytes_(x, 0)
+            return (out,)
+
+    with pytest.raises(ExportError, match="resizes the storage"):
+        aot_export_module(Frees(), [torch.ones(3)], trace_joint=False)
