@@ -73,8 +73,8 @@ def _check_decompositions(decompositions) -> dict:
         # make_fx uses their entry if the op runs, as it does for PyTorch's AOTAutograd.
         if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
             raise TypeError(
-                f"aotforge: decompositions has the key {op!r}, which is not an op "
-                "(torch.ops.aten.* or torch.ops.higher_order.*)"
+                f"aotforge: decompositions has the key {op!r}, which is not an ATen op "
+                "(torch.ops.aten.*) or a higher-order op (torch.ops.higher_order.*)"
             )
         if not callable(implementation):
             raise TypeError(f"aotforge: the decomposition of {op} must be callable, got {implementation!r}")

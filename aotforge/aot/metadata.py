@@ -2,13 +2,14 @@
 (on fake tensors) and read off what it did to its inputs and what its outputs alias."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from types import MethodType
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch._C._autograd import CreationMeta, _get_creation_meta
 from torch._dispatch.python import enable_python_dispatcher
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .functional import (
     FunctionalTensorMode,
@@ -58,7 +59,8 @@ def collect_metadata(
     values of what the functional graph will return (the tangents are made like them).
     """
     nbytes_before = [_storage_nbytes(a) for a in fake_args]  # before wrapping touches them
-    with enable_python_dispatcher(), FunctionalTensorMode(_allow_token_discovery=True):
+    functional_mode = FunctionalTensorMode(_allow_token_discovery=True)
+    with enable_python_dispatcher(), functional_mode:
         with below_functionalization():
             functional_args = [to_functional(a) for a in fake_args]
             # Which input does each storage belong to? (aliased inputs were merged before.)
@@ -67,7 +69,7 @@ def collect_metadata(
                 if isinstance(arg, torch.Tensor):
                     storages.setdefault(storage_ref(arg), index)
             grad_fns_before = [getattr(a, "grad_fn", None) for a in functional_args]
-            with _StorageChanges(functional_args, nbytes_before) as resizes:
+            with _StorageChanges(functional_args, nbytes_before).watching(functional_mode) as resizes:
                 outputs = list(flat_fn(*functional_args))
             input_info = [
                 subclass_input_info(index, f_arg, arg, grad_fn_before, _STORAGE_SWAP_MESSAGE)
@@ -137,21 +139,36 @@ def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: b
     )
 
 
-class _StorageChanges(TorchDispatchMode):
+class _StorageChanges:
     """Records ``torch.ops.inductor.resize_storage_bytes_`` calls on inputs (FSDP frees and
     re-allocates parameters' storage with it; functionalization does not record them), and
     which inputs had their data changed before a ``set_()`` moved them to another storage."""
 
-    supports_higher_order_operators = True  # torch.cond & co. pass through unchanged
-
     def __init__(self, functional_args: list, nbytes_before: list):
-        super().__init__()
         self.args = functional_args
         self.nbytes: dict[int, int] = {}  # input index -> its storage size after the last resize
         self.nbytes_before = nbytes_before
         self.changed_before_set: set[int] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    @contextlib.contextmanager
+    def watching(self, functional_mode):
+        """See every op the functional mode handles. The hook is an attribute of the mode
+        object rather than a mode of its own: higher-order ops (torch.cond) look their rules
+        up by the type of the mode on top, which must stay FunctionalTensorMode."""
+        handle = functional_mode.__torch_dispatch__
+
+        def dispatch(mode, func, types, args=(), kwargs=None):
+            self._see(func, args)
+            return handle(func, types, args, kwargs)
+
+        # bound to the mode object, as torch requires of __torch_dispatch__
+        functional_mode.__torch_dispatch__ = MethodType(dispatch, functional_mode)
+        try:
+            yield self
+        finally:
+            del functional_mode.__torch_dispatch__
+
+    def _see(self, func, args) -> None:
         if func is _RESIZE_STORAGE_BYTES:
             index = self._input_index(args[0])
             if index is not None:
@@ -160,7 +177,6 @@ class _StorageChanges(TorchDispatchMode):
             index = self._input_index(args[0])
             if index is not None and has_data_mutation(args[0]):
                 self.changed_before_set.add(index)
-        return func(*args, **(kwargs or {}))
 
     def _input_index(self, tensor) -> Optional[int]:
         """The input ``tensor`` is, or whose storage it views."""
