@@ -25,7 +25,6 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.fx as fx
-from torch.fx import traceback as fx_traceback
 
 from . import debug
 from .config import config, config_default, did_you_mean
@@ -174,20 +173,12 @@ def _record(recorder, compiler: Callable, kind: str) -> Callable:
     return recorder.wrap_compiler(compiler, kind) if recorder is not None else compiler
 
 
-@contextlib.contextmanager
-def _source_lines_kept(gm: fx.GraphModule) -> Iterator[None]:
-    """While the AOT layer traces ``gm``, run it node by node with FX's node-meta
-    preservation on, so that every ATen node it produces keeps the user's stack trace (the
-    graphs, aotforge.inspect and the verify report then show source lines)."""
-    if not isinstance(gm, fx.GraphModule) or "forward" in gm.__dict__:
-        yield
-        return
-    gm.forward = lambda *args: fx.Interpreter(gm).run(*args)
-    try:
-        with fx_traceback.preserve_node_meta():
-            yield
-    finally:
-        del gm.forward
+def _source_lines_kept(gm: fx.GraphModule):
+    """aot_module_simplified keeps Dynamo's source lines itself; the backends' compile scopes
+    (recorder, patches) enter the same context around it."""
+    from .aot.source_lines import interpreted_node_by_node
+
+    return interpreted_node_by_node(gm)
 
 
 def _kind(kwargs: dict) -> str:

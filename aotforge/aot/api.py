@@ -21,6 +21,7 @@ from .guards import (
     autocast_state, check_no_fake_constants, closure_state_fn, constant_key, module_state, only_tensors_changed,
 )
 from .schemas import AOTConfig
+from .source_lines import interpreted_node_by_node
 from .subclasses import dispatches_itself, subclass_signature
 from .trace import TRACE_LOCK
 
@@ -71,8 +72,13 @@ def _check_decompositions(decompositions) -> dict:
             f"torch._decomp.get_decompositions), got {type(decompositions).__name__}"
         )
     for op, implementation in decompositions.items():
-        if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-            raise TypeError(f"aotforge: decompositions has the key {op!r}, which is not an ATen op (torch.ops.aten.*)")
+        # Higher-order ops (torch.ops.higher_order.*, as in inductor's table) are kept:
+        # make_fx uses their entry if the op runs, as it does for PyTorch's AOTAutograd.
+        if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
+            raise TypeError(
+                f"aotforge: decompositions has the key {op!r}, which is not an ATen op "
+                "(torch.ops.aten.*) or a higher-order op (torch.ops.higher_order.*)"
+            )
         if not callable(implementation):
             raise TypeError(f"aotforge: the decomposition of {op} must be callable, got {implementation!r}")
     return dict(decompositions)
@@ -398,7 +404,8 @@ def aot_module_simplified(
         *(num_params + i for i in _dynamo_static_inputs(mod)),
     )
     flat_args = [*params, *args]
-    run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
+    with interpreted_node_by_node(mod):  # Dynamo's graph: its nodes' source lines carry over
+        run, _, _ = compile_flat(flat_fn, flat_args, config, is_training=is_training_call(flat_args))
     return bind_parameters(run, params, mod)
 
 

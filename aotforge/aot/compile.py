@@ -29,6 +29,7 @@ from .rng import RandomOps
 from .runtime import check_outputs_once, make_inference_runtime, make_training_runtime
 from .schemas import AOTConfig, ViewAndMutationMeta
 from .subclasses import TensorSubclasses, check_supported_inputs, is_subclass
+from .unfunctionalized import split_by_phase
 from .trace import TRACE_LOCK, graph_outputs_fn, joint_fn, make_tangents, trace, trace_forward, trace_joint
 
 
@@ -60,9 +61,35 @@ def fake_inputs(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, lis
     fakes = []
     for arg in flat_args:
         if isinstance(arg, torch.Tensor) and not isinstance(arg, FakeTensor):
-            arg = fake_mode.from_tensor(arg, static_shapes=static_shapes)
+            fake = fake_mode.from_tensor(arg, static_shapes=static_shapes)
+            if _has_empty_storage(arg) and not _has_empty_storage(fake):
+                # FSDP frees parameters' storage; the fake must show it (metadata reads it)
+                fake.untyped_storage().resize_(0)
+            arg = fake
         fakes.append(arg)
     return fake_mode, fakes
+
+
+def _has_empty_storage(tensor: torch.Tensor) -> bool:
+    if tensor.layout is not torch.strided or tensor.is_nested or type(tensor) not in (torch.Tensor, FakeTensor, torch.nn.Parameter):
+        return False
+    return tensor.numel() > 0 and tensor.untyped_storage().nbytes() == 0
+
+
+def _check_no_read_of_freed_storage(flat_args: Sequence, meta: ViewAndMutationMeta) -> None:
+    """An input whose storage was freed (0 bytes, as FSDP leaves sharded parameters) must be
+    re-allocated (resize_storage_bytes_) or swapped (set_()) by the function before use;
+    reading it reads freed memory, which crashes eager. Refuse it before anything runs."""
+    for index, (arg, info) in enumerate(zip(flat_args, meta.input_info)):
+        if isinstance(arg, torch.Tensor) and _has_empty_storage(arg) and not (
+            info.storage_nbytes_after or info.storage_swapped
+        ):
+            raise RuntimeError(
+                f"aotforge: input {index} has a freed storage (0 bytes for {arg.numel()} elements, "
+                "as after untyped_storage().resize_(0)), and the function neither re-allocates it "
+                "(torch.ops.inductor.resize_storage_bytes_) nor set_()s it; reading it would read "
+                "freed memory. Re-allocate the storage before the call, or inside the function."
+            )
 
 
 def compile_flat(
@@ -153,6 +180,7 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
                 ) from error
 
     meta, graph_output_fakes = collect(flat_fn, fake_args)
+    _check_no_read_of_freed_storage(flat_args, meta)
     groups = alias_groups(fake_args, meta)
     if any(is_subclass(fake_args[i]) for group in groups for i in group):
         raise NotImplementedError(
@@ -244,12 +272,15 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
     check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
     num_outputs = meta.num_graph_outputs if subclasses is None else subclasses.num_plain_outputs
-    forward, backward = partition_with_effects(config.partition_fn)(
-        joint,
-        [*fake_args, *tangents],
-        num_fwd_outputs=num_outputs,
-        static_lifetime_input_indices=static_inputs,
-    )
+    if functionalize:
+        forward, backward = partition_with_effects(config.partition_fn)(
+            joint,
+            [*fake_args, *tangents],
+            num_fwd_outputs=num_outputs,
+            static_lifetime_input_indices=static_inputs,
+        )
+    else:  # in-place ops in the graph: split in trace order (see unfunctionalized.py)
+        forward, backward = split_by_phase(joint, num_outputs)
     debug.graph_artifact("graphs", f"{config.name}_forward", forward)
     debug.graph_artifact("graphs", f"{config.name}_backward", backward)
     saved = _output_values(forward)[num_outputs:]
@@ -290,7 +321,8 @@ def _saved_aliases_of_mutated_inputs(forward: fx.GraphModule, meta, num_outputs:
     """Saved tensors that are (views of) inputs the epilogue will mutate. The backward must see
     their values from before the write-back, so the runtime saves clones of them."""
     mutated = {
-        i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata
+        i for i, info in enumerate(meta.input_info)
+        if info.mutates_data or info.mutates_metadata or info.storage_swapped or info.storage_freed
     }
     placeholders = forward.graph.find_nodes(op="placeholder")
     mutated_nodes = {placeholders[i] for i in mutated}

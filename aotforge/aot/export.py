@@ -372,6 +372,7 @@ def aot_export_joint_simple(
                 flat_fn, fake_args, is_training=trace_joint, keep_inference_input_mutations=False
             )
         for index, info in enumerate(meta.input_info):
+            _refuse_storage_changes(info, f"input {index}", "aot_export_joint_simple")
             if info.mutates_data or info.mutates_metadata:
                 kind = "data (an in-place op)"
                 if not info.mutates_data:
@@ -543,10 +544,22 @@ def _loss_joint_fn(graph_fn: Callable, loss_position: int) -> Callable:
 # Restrictions
 
 
+def _refuse_storage_changes(info, description: str, who: str) -> None:
+    """set_() and storage resizes of inputs: aot_function replays them; a signature cannot."""
+    if info.storage_swapped or info.storage_nbytes_after is not None:
+        what = "set_()s" if info.storage_swapped else "resizes the storage of"
+        raise ExportError(
+            f"{who}: the function {what} {description}; an exported graph cannot express a "
+            "storage change of an input. Do it outside the exported function, or compile with "
+            "aot_function / torch.compile, which replay it."
+        )
+
+
 def _check_inputs(
     fake_args: Sequence, meta: ViewAndMutationMeta, descriptions: list[str], trace_joint: bool
 ) -> None:
     for info, description in zip(meta.input_info, descriptions):
+        _refuse_storage_changes(info, description, "aot_export_module")
         if info.mutates_metadata:
             raise ExportError(
                 f"aot_export_module: the forward changes the metadata (shape, strides or offset, "

@@ -55,10 +55,13 @@ class _Emitter:
 
     def __init__(self, graph: fx.Graph):
         self.graph = graph
-        self.cursor = graph.find_nodes(op="placeholder")[-1]
+        placeholders = graph.find_nodes(op="placeholder")
+        # A graph without inputs (a module called with no arguments) starts at its top.
+        self.cursor = placeholders[-1] if placeholders else None
 
     def call(self, target, args: tuple) -> fx.Node:
-        with self.graph.inserting_after(self.cursor):
+        where = self.graph.inserting_after(self.cursor) if self.cursor is not None else self.graph.inserting_before(None)
+        with where:
             self.cursor = self.graph.call_function(target, args)
         return self.cursor
 

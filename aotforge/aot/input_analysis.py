@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .functional import storage_ref
+from .subclasses import inner_leaves, is_subclass
 from .schemas import StridedLayout, ViewAndMutationMeta, symbol_bindings
 
 
@@ -57,18 +58,83 @@ class DedupeInputs:
 
 
 def alias_groups(flat_args: Sequence, meta: ViewAndMutationMeta) -> list[list[int]]:
-    """Groups of distinct tensor inputs that share storage, where one of them is mutated."""
+    """Groups of distinct tensor inputs that overlap in memory, where one of them is mutated.
+
+    Views of one storage that touch disjoint elements (``x[0:2]`` and ``x[2:4]``) do not
+    alias: a mutation of one never shows in the other, so they stay separate inputs."""
     by_storage: dict = {}
     for position, arg in enumerate(flat_args):
         if isinstance(arg, torch.Tensor) and not arg.is_sparse:
             by_storage.setdefault(storage_ref(arg), []).append(position)
     groups = []
     for positions in by_storage.values():
-        if len(positions) > 1 and any(
-            meta.input_info[p].mutates_data or meta.input_info[p].mutates_metadata for p in positions
-        ):
-            groups.append(positions)
+        for group in _overlapping_components([flat_args[p] for p in positions], positions):
+            if len(group) > 1 and any(
+                meta.input_info[p].mutates_data or meta.input_info[p].mutates_metadata for p in group
+            ):
+                groups.append(group)
     return groups
+
+
+def _overlapping_components(tensors: Sequence[torch.Tensor], positions: Sequence[int]) -> list[list[int]]:
+    """``positions`` split into groups connected by overlapping memory."""
+    component = list(range(len(tensors)))
+
+    def root(i: int) -> int:
+        while component[i] != i:
+            i = component[i]
+        return i
+
+    for i in range(len(tensors)):
+        for j in range(i + 1, len(tensors)):
+            if root(i) != root(j) and _may_overlap(tensors[i], tensors[j]):
+                component[root(j)] = root(i)
+    groups: dict[int, list[int]] = {}
+    for i, position in enumerate(positions):
+        groups.setdefault(root(i), []).append(position)
+    return list(groups.values())
+
+
+# Exact overlap tests enumerate element offsets; beyond this many elements, assume overlap.
+_EXACT_OVERLAP_LIMIT = 1 << 16
+
+
+def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """False only if ``a`` and ``b`` (views of one storage) certainly touch no common element;
+    for tensor subclasses, the outer layouts and every pair of inner tensors sharing storage."""
+    if _layouts_may_overlap(a, b):
+        return True
+    if is_subclass(a) or is_subclass(b):
+        leaves_a, leaves_b = inner_leaves(a), inner_leaves(b)
+        return any(
+            storage_ref(x) == storage_ref(y) and _layouts_may_overlap(x, y) for x in leaves_a for y in leaves_b
+        )
+    return False
+
+
+def _layouts_may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    layouts = []
+    for t in (a, b):
+        values = (*t.shape, *t.stride(), t.storage_offset())
+        if not all(isinstance(v, int) for v in values) or any(s < 0 for s in t.stride()):
+            return True  # symbolic or negative strides: be conservative
+        if t.numel() == 0:
+            return False
+        layouts.append((list(t.shape), list(t.stride()), t.storage_offset()))
+    spans = [(offset, offset + sum((n - 1) * s for n, s in zip(size, stride))) for size, stride, offset in layouts]
+    if spans[0][1] < spans[1][0] or spans[1][1] < spans[0][0]:
+        return False
+    if a.numel() > _EXACT_OVERLAP_LIMIT or b.numel() > _EXACT_OVERLAP_LIMIT:
+        return True
+    offsets = [_element_offsets(*layout) for layout in layouts]
+    return bool(torch.isin(offsets[0], offsets[1]).any())
+
+
+def _element_offsets(size: list, stride: list, offset: int) -> torch.Tensor:
+    result = torch.tensor([offset], dtype=torch.int64)
+    for n, s in zip(size, stride):
+        result = (result[:, None] + torch.arange(n, dtype=torch.int64)[None, :] * s).reshape(-1)
+    return result
 
 
 def _synthetic_base(members: Sequence[torch.Tensor]) -> torch.Tensor:

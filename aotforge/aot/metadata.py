@@ -2,7 +2,9 @@
 (on fake tensors) and read off what it did to its inputs and what its outputs alias."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from types import MethodType
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -38,9 +40,9 @@ class ContractMeta(ViewAndMutationMeta):
 
 
 _STORAGE_SWAP_MESSAGE = (
-    "aotforge: the function swaps or grows the storage of an input (set_(), or resize_() to a "
-    "larger size); that cannot be replayed on the caller's tensor. Write the result to a new "
-    "tensor and return it instead."
+    "aotforge: the function swaps or grows the storage of an input (set_() on a tensor "
+    "subclass, or resize_() to a larger size); that cannot be replayed on the caller's "
+    "tensor. Write the result to a new tensor and return it instead."
 )
 
 
@@ -56,7 +58,9 @@ def collect_metadata(
     ``flat_fn`` takes flat arguments and returns a flat list of outputs. Also returns fake
     values of what the functional graph will return (the tangents are made like them).
     """
-    with enable_python_dispatcher(), FunctionalTensorMode(_allow_token_discovery=True):
+    nbytes_before = [_storage_nbytes(a) for a in fake_args]  # before wrapping touches them
+    functional_mode = FunctionalTensorMode(_allow_token_discovery=True)
+    with enable_python_dispatcher(), functional_mode:
         with below_functionalization():
             functional_args = [to_functional(a) for a in fake_args]
             # Which input does each storage belong to? (aliased inputs were merged before.)
@@ -65,11 +69,15 @@ def collect_metadata(
                 if isinstance(arg, torch.Tensor):
                     storages.setdefault(storage_ref(arg), index)
             grad_fns_before = [getattr(a, "grad_fn", None) for a in functional_args]
-            outputs = list(flat_fn(*functional_args))
+            with _StorageChanges(functional_args, nbytes_before).watching(functional_mode) as resizes:
+                outputs = list(flat_fn(*functional_args))
             input_info = [
                 subclass_input_info(index, f_arg, arg, grad_fn_before, _STORAGE_SWAP_MESSAGE)
                 if is_subclass(arg)
-                else _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations)
+                else _swapped_input_info(index, f_arg, arg, resizes, functional_args)
+                if isinstance(arg, torch.Tensor) and torch._functionalize_was_storage_changed(f_arg.elem)
+                else _input_info(f_arg, arg, grad_fn_before, is_training, keep_inference_input_mutations,
+                                 resizes.of(index, arg))
                 for index, (f_arg, arg, grad_fn_before) in enumerate(zip(functional_args, fake_args, grad_fns_before))
             ]
             output_info, bases, view_replays, custom = _output_info(outputs, functional_args, storages)
@@ -94,11 +102,10 @@ def collect_metadata(
     return meta, graph_output_fakes
 
 
-def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: bool) -> InputInfo:
+def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: bool, resize) -> InputInfo:
     if not isinstance(arg, torch.Tensor):
         return InputInfo(is_tensor=False)
-    if torch._functionalize_was_storage_changed(f_arg.elem):
-        raise NotImplementedError(_STORAGE_SWAP_MESSAGE)
+    nbytes_before, nbytes_after = resize
     mutates_data = has_data_mutation(f_arg)
     mutates_metadata = has_metadata_mutation(f_arg, arg)
     under_no_grad = mutates_data and mutations_under_no_grad(f_arg)
@@ -127,6 +134,132 @@ def _input_info(f_arg, arg, grad_fn_before, is_training: bool, keep_mutations: b
         mutations_hidden_from_autograd=hidden,
         mutation_kept_in_graph=keep,
         layout_after=layout_after,
+        storage_nbytes_before=nbytes_before,
+        storage_nbytes_after=nbytes_after,
+    )
+
+
+class _StorageChanges:
+    """Records ``torch.ops.inductor.resize_storage_bytes_`` calls on inputs (FSDP frees and
+    re-allocates parameters' storage with it; functionalization does not record them), and
+    which inputs had their data changed before a ``set_()`` moved them to another storage."""
+
+    def __init__(self, functional_args: list, nbytes_before: list):
+        self.args = functional_args
+        self.nbytes: dict[int, int] = {}  # input index -> its storage size after the last resize
+        self.nbytes_before = nbytes_before
+        self.changed_before_set: set[int] = set()
+
+    @contextlib.contextmanager
+    def watching(self, functional_mode):
+        """See every op the functional mode handles. The hook is an attribute of the mode
+        object rather than a mode of its own: higher-order ops (torch.cond) look their rules
+        up by the type of the mode on top, which must stay FunctionalTensorMode."""
+        handle = functional_mode.__torch_dispatch__
+
+        def dispatch(mode, func, types, args=(), kwargs=None):
+            self._see(func, args)
+            return handle(func, types, args, kwargs)
+
+        # bound to the mode object, as torch requires of __torch_dispatch__
+        functional_mode.__torch_dispatch__ = MethodType(dispatch, functional_mode)
+        try:
+            yield self
+        finally:
+            del functional_mode.__torch_dispatch__
+
+    def _see(self, func, args) -> None:
+        if func is _RESIZE_STORAGE_BYTES:
+            index = self._input_index(args[0])
+            if index is not None:
+                self.nbytes[index] = args[1]
+        elif getattr(func, "overloadpacket", None) is torch.ops.aten.set_:
+            index = self._input_index(args[0])
+            if index is not None and has_data_mutation(args[0]):
+                self.changed_before_set.add(index)
+
+    def _input_index(self, tensor) -> Optional[int]:
+        """The input ``tensor`` is, or whose storage it views."""
+        index = next((i for i, a in enumerate(self.args) if a is tensor), None)
+        if index is None and isinstance(tensor, torch.Tensor) and not is_subclass(tensor):
+            index = next(
+                (i for i, a in enumerate(self.args)
+                 if isinstance(a, torch.Tensor) and not is_subclass(a) and _same_storage(a, tensor)),
+                None,
+            )
+        return index
+
+    def of(self, index: int, arg) -> tuple[Optional[int], Optional[int]]:
+        """(bytes before, bytes after) if the call resized input ``index``'s storage, else
+        (None, None). The storage must start or end empty, as in FSDP: the runtime then
+        resizes the caller's storage before the graph runs (growing) or after it (freeing)."""
+        if index not in self.nbytes:
+            return None, None
+        before, after = self.nbytes_before[index], self.nbytes[index]
+        if before == after:
+            return None, None
+        if before != 0 and after != 0:
+            raise NotImplementedError(
+                f"aotforge: the function resizes the storage of input {index} from {before} to "
+                f"{after} bytes (resize_storage_bytes_); only resizes from or to 0 bytes (FSDP's "
+                "free and re-allocate) are supported. Resize outside the compiled function."
+            )
+        return int(before), int(after)
+
+
+def _storage_nbytes(value) -> Optional[int]:
+    if not isinstance(value, torch.Tensor) or is_subclass(value) or value.is_sparse or value.is_nested:
+        return None
+    return value.untyped_storage().nbytes()
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except RuntimeError:  # a subclass without storage
+        return False
+
+
+_RESIZE_STORAGE_BYTES = getattr(getattr(torch.ops.inductor, "resize_storage_bytes_", None), "default", None)
+
+
+def _swapped_input_info(index: int, f_arg, arg, changes: _StorageChanges, functional_args) -> InputInfo:
+    """InputInfo of an input the function pointed at another tensor (``set_()``)."""
+    if index in changes.changed_before_set:
+        raise NotImplementedError(
+            f"aotforge: input {index} is changed in place and then set_() to another tensor; the "
+            "change to its old storage cannot be replayed. Do the set_() first, or change a "
+            "clone of the input."
+        )
+    if has_data_mutation(f_arg) and not (mutations_under_no_grad(f_arg) or mutations_hidden_from_autograd(f_arg)):
+        # PyTorch's AOTAutograd raises AssertionError here too, with these words.
+        raise AssertionError(
+            f"aotforge: input {index} received a set_() (a storage swap), but the input has other "
+            "mutations that we cannot replay after it: an in-place change that autograd records. "
+            "Do the set_() and the in-place changes under torch.no_grad(), or change a clone."
+        )
+    nbytes_before, nbytes_after = changes.of(index, arg)  # FSDP frees the old storage, then swaps
+    value = from_functional(f_arg)
+    layout = StridedLayout.of(value)
+    owner = None
+    for other_index, other in enumerate(functional_args):
+        if other_index == index or not isinstance(other, torch.Tensor) or is_subclass(other):
+            continue
+        other_value = from_functional(other)
+        if storage_ref(other_value) == storage_ref(value):
+            owner = other_index
+            # the offset within the other input's storage, relative to where that input starts
+            layout = StridedLayout(layout.size, layout.stride, layout.storage_offset - StridedLayout.of(other_value).storage_offset)
+            break
+    return InputInfo(
+        is_tensor=True,
+        requires_grad=bool(arg.requires_grad),
+        requires_grad_after=bool(f_arg.requires_grad),
+        layout_after=layout,
+        storage_swapped=True,
+        swapped_to_input=owner,
+        storage_nbytes_before=nbytes_before,
+        storage_nbytes_after=nbytes_after,
     )
 
 

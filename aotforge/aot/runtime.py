@@ -37,14 +37,42 @@ class Epilogue:
         layouts += [o.layout for o in meta.output_info if o.layout is not None]
         self.replays = getattr(meta, "view_replays", None) or [None] * len(meta.output_info)
         self.needs_bindings = needs_bindings(meta) or any(not layout.is_static for layout in layouts)
+        # Storage changes (FSDP): inputs whose storage the call grows from 0 bytes (before the
+        # graph runs), frees (after it), or swaps for another tensor's (set_()).
+        self.grown = [
+            (i, info.storage_nbytes_after) for i, info in enumerate(meta.input_info)
+            if info.storage_nbytes_before == 0 and info.storage_nbytes_after
+        ]
+        self.freed = [i for i, info in enumerate(meta.input_info) if info.storage_freed and not info.storage_swapped]
+        self.swapped_to_inputs = [
+            (i, info) for i, info in enumerate(meta.input_info) if info.swapped_to_input is not None
+        ]
+
+    def prologue(self, args: Sequence) -> None:
+        """Before the graph runs: give inputs the storage the call allocates for them."""
+        for index, nbytes in self.grown:
+            with torch.no_grad():
+                args[index].untyped_storage().resize_(nbytes)
 
     def __call__(self, args: Sequence, graph_outputs: Sequence) -> list:
         bindings = symbol_bindings(self.fake_args, args) if self.needs_bindings else {}
         num_mutated = len(self.mutated)
         for (index, info), updated in zip(self.mutated, graph_outputs):
+            if info.storage_swapped:  # set_() to a tensor made inside: the input takes it
+                _swap_storage(args[index], info, updated)
+                continue
+            if info.storage_freed:
+                continue  # the call frees its storage: there is nothing to write to
             if info.mutates_metadata:
                 args[index].as_strided_(*info.layout_after.evaluate(bindings))
             _write_back(args[index], updated, info)
+        for index, info in self.swapped_to_inputs:  # after the other inputs' write-backs
+            owner = args[info.swapped_to_input]
+            size, stride, offset = info.layout_after.evaluate(bindings)
+            _swap_storage(args[index], info, owner, (owner.storage_offset() + offset, size, stride))
+        for index in self.freed:
+            with torch.no_grad():
+                args[index].untyped_storage().resize_(0)
         for index, info in self.metadata_mutated:
             if not info.mutation_returned_by_graph:
                 # Under grad mode autograd records the in-place view, as it did for eager's t_().
@@ -93,6 +121,18 @@ def needs_bindings(meta) -> bool:
         replay is not None and replay.steps is not None and not all(s.is_static for s in replay.steps)
         for replay in getattr(meta, "view_replays", None) or ()
     )
+
+
+def _swap_storage(original: torch.Tensor, info: InputInfo, source: torch.Tensor, layout=None) -> None:
+    """Replay ``original.set_(...)`` (under no_grad, as eager's set_ on an input must run):
+    free the old storage first if the call did (FSDP), then point at ``source``'s storage."""
+    with torch.no_grad():
+        if info.storage_freed:
+            original.untyped_storage().resize_(0)
+        if layout is None:
+            original.set_(source)
+        else:
+            original.set_(source.untyped_storage(), *layout)
 
 
 def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) -> None:
@@ -156,6 +196,7 @@ def make_inference_runtime(compiled: Callable, meta: ViewAndMutationMeta, fake_a
     def run(args: list) -> list:
         # The graph's outputs carry no autograd history (eager computed them under no_grad,
         # or nothing needed a gradient), even when the call runs in grad mode.
+        epilogue.prologue(args)
         with torch.no_grad():
             graph_outputs = call_compiled(compiled, list(args))
         return epilogue(args, graph_outputs)
@@ -200,7 +241,11 @@ def make_training_runtime(
     non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
     tangent_indices = [i for i, d in enumerate(differentiable) if d]
     compiled_backward: list[Optional[Callable]] = [None]
+    # The backward graph returns the new values of inputs (int entries) and then of tangents
+    # (("tangent", j) entries) that a custom Function's backward mutated.
     mutated_in_backward = list(mutated_in_backward)
+    mutated_inputs = [i for i in mutated_in_backward if isinstance(i, int)]
+    mutated_tangents = [tangent_indices[j] for kind, j in (m for m in mutated_in_backward if not isinstance(m, int))]
 
     def run_backward(ctx, grad_outputs) -> list:
         if compiled_backward[0] is None:
@@ -220,7 +265,8 @@ def make_training_runtime(
         if not mutated_in_backward:
             return tuple(results)
         num_grads = len(results) - len(mutated_in_backward)
-        for target, value in zip(ctx.mutated_in_backward, results[num_grads:]):
+        targets = [*ctx.mutated_in_backward, *(grad_outputs[i] for i in mutated_tangents)]
+        for target, value in zip(targets, results[num_grads:]):
             target.copy_(value)  # under no_grad (once_differentiable), as eager's backward ran
         return tuple(results[:num_grads])
 
@@ -239,7 +285,7 @@ def make_training_runtime(
             ctx.save_for_backward(*saved)
             ctx.symints = results[num_outputs + num_saved_tensors :]
             if mutated_in_backward:
-                ctx.mutated_in_backward = [args[i] for i in mutated_in_backward]
+                ctx.mutated_in_backward = [args[i] for i in mutated_inputs]
             ctx.mark_non_differentiable(
                 *(outputs[i] for i in non_differentiable_indices if isinstance(outputs[i], torch.Tensor))
             )
@@ -252,6 +298,7 @@ def make_training_runtime(
             return backward_once(ctx, *grad_outputs)
 
     def run(args: list) -> list:
+        epilogue.prologue(args)
         graph_outputs = CompiledFunction.apply(*args)
         return epilogue(args, list(graph_outputs))
 

@@ -90,13 +90,30 @@ class InputInfo:
     mutations_hidden_from_autograd: bool = False
     # Inference graphs may keep the copy_ into the input (keep_inference_input_mutations).
     mutation_kept_in_graph: bool = False
-    # The layout after a metadata mutation (t_, unsqueeze_, as_strided_, ...).
+    # The layout after a metadata mutation (t_, unsqueeze_, as_strided_, ...), or after set_().
     layout_after: Optional[StridedLayout] = None
+    # set_(): the input now uses another tensor's storage. If that is another input's storage,
+    # swapped_to_input is that input's index and layout_after's offset is relative to it;
+    # otherwise (an intermediate) the graph returns the new value, which the input takes.
+    storage_swapped: bool = False
+    swapped_to_input: Optional[int] = None
+    # resize_storage_bytes_ (FSDP): the input's storage size in bytes before and after the
+    # call, when it changed (one of them is 0).
+    storage_nbytes_before: Optional[int] = None
+    storage_nbytes_after: Optional[int] = None
 
     @property
     def mutation_returned_by_graph(self) -> bool:
-        """The graph returns the updated value, and the epilogue copies it into the input."""
-        return self.mutates_data and not self.mutation_kept_in_graph
+        """The graph returns the updated value, and the epilogue copies it into the input (or,
+        after set_() to an intermediate, points the input at it)."""
+        return (self.mutates_data and not self.mutation_kept_in_graph) or (
+            self.storage_swapped and self.swapped_to_input is None
+        )
+
+    @property
+    def storage_freed(self) -> bool:
+        """The call resized the input's storage to 0 bytes (its data is gone afterwards)."""
+        return self.storage_nbytes_after == 0
 
     @property
     def mutation_visible_to_autograd(self) -> bool:

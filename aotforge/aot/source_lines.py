@@ -52,11 +52,22 @@ def _user_stack() -> Optional[str]:
     return "".join(summary.format()).rstrip()
 
 
+def _dynamo_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
+    return bool(is_compiling and is_compiling())
+
+
 class _RecordUserSource(TorchFunctionMode):
     """Set the current node meta's stack trace to the user's frames for each torch call."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _dynamo_compiling():
+            # torch.cond and other higher-order ops have Dynamo trace their branches while
+            # this mode is active; Dynamo records its own source lines and cannot trace
+            # frame inspection, so the mode steps aside (the branch folds away for Dynamo).
+            return func(*args, **kwargs)
         meta = fx_traceback.get_current_meta()
         if meta.get("stack_trace"):  # Dynamo's (or an outer call's) source: keep it
             return func(*args, **kwargs)
@@ -124,3 +135,20 @@ def copy_forward_source_to_backward(gm: fx.GraphModule) -> None:
             source_by_seq_nr.setdefault(seq_nr, stack_trace)
         elif seq_nr in source_by_seq_nr:
             node.meta["stack_trace"] = source_by_seq_nr[seq_nr]
+
+
+@contextlib.contextmanager
+def interpreted_node_by_node(gm) -> Iterator[None]:
+    """While the AOT layer traces ``gm`` (Dynamo's graph, whose nodes carry the user's stack
+    traces), run it node by node with FX's node-meta preservation on, so that every ATen node
+    it produces keeps the user's stack trace: the graphs handed to the fw/bw compilers,
+    aotforge.inspect and the verify report then show the user's source lines."""
+    if not isinstance(gm, fx.GraphModule) or "forward" in gm.__dict__:
+        yield
+        return
+    gm.forward = lambda *args: fx.Interpreter(gm).run(*args)
+    try:
+        with fx_traceback.preserve_node_meta():
+            yield
+    finally:
+        del gm.forward

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
+from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import effects, rng
@@ -31,8 +32,10 @@ from .functional import (
     to_functional,
 )
 from .schemas import OutputKind, ViewAndMutationMeta
+from .subclasses import inner_leaves, is_subclass
 from . import source_lines
 from .source_lines import copy_forward_source_to_backward, recording_source_lines
+from .unfunctionalized import BACKWARD, PHASE_KEY
 
 # make_fx and FX's symbolic tracer keep global state (the patcher, the current node meta):
 # two threads tracing at once corrupt it for every later trace, torch.compile's included.
@@ -78,10 +81,12 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
     """``(primals, tangents) -> (*forward outputs, *one gradient per primal or None,
     *values of inputs the backward mutated)``.
 
-    A custom autograd.Function's backward may mutate a tensor it saved (an input): eager
-    applies that when the backward runs. The joint returns the input's value after the
-    backward as an extra backward output, and fills ``mutated_in_backward`` with the input
-    indices, so that the runtime copies it into the caller's tensor at backward time.
+    A custom autograd.Function's backward may mutate a tensor it saved (an input), or the
+    gradient it received (``grad.mul_(2)``): eager applies that when the backward runs. The
+    joint returns each such tensor's value after the backward as an extra backward output,
+    and fills ``mutated_in_backward`` with the input indices (ints), then ``("tangent", j)``
+    for the tangents, so that the runtime copies them into the caller's tensors at backward
+    time.
     """
     differentiable = meta.graph_output_requires_grad()
     num_mutated = len(meta.mutated_input_indices)
@@ -96,22 +101,31 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
         forward_outputs = [_current_value(o) if i < num_mutated else o for i, o in enumerate(outputs)]
         # where each input's value lives while the backward runs
         holders = [outputs[clone_position[i]] if i in clone_position else p for i, p in enumerate(primals)]
-        before_backward = [_current_value(h) for h in holders]
+        before_backward = [_state(h) for h in holders]
         effects.end_phase("forward")  # the backward's effects get a chain of their own
         grad_outputs = [o for o, d in zip(outputs, differentiable) if d]
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
         grads = []
         if wrt and grad_outputs:
-            grads = list(source_lines.grad(grad_outputs, wrt, tangents))
+            with _tagged_as_backward():
+                grads = list(source_lines.grad(grad_outputs, wrt, tangents))
         grads_per_primal = [
             grads.pop(0) if isinstance(p, torch.Tensor) and p.requires_grad and grads else None
             for p in primals
         ]
-        _check_tangents_unchanged(tangents)
         updated = []
         for index, (holder, before) in enumerate(zip(holders, before_backward)):
-            after = _current_value(holder)
+            after = _state(holder)
             if after is before:
+                continue
+            if is_subclass(holder):
+                if any(a is not b for a, b in zip(after, before)):
+                    raise NotImplementedError(
+                        f"aotforge: a backward (of a custom autograd.Function) mutates the "
+                        f"tensor-subclass input {index} ({type(holder).__name__}) in place; that "
+                        "is not supported. Mutate a plain tensor, or clone the input inside the "
+                        "function."
+                    )
                 continue
             if (after.shape, after.stride(), after.storage_offset()) != (before.shape, before.stride(), before.storage_offset()):
                 raise NotImplementedError(
@@ -121,9 +135,32 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
                 )
             mutated_in_backward.append(index)
             updated.append(after)
+        for index, tangent in enumerate(tangents):
+            if isinstance(tangent, FunctionalTensor) and has_data_mutation(tangent):
+                mutated_in_backward.append(("tangent", index))
+                updated.append(_current_value(tangent))
         return (*forward_outputs, *grads_per_primal, *updated)
 
     return joint
+
+
+@contextlib.contextmanager
+def _tagged_as_backward():
+    """Nodes traced inside get ``meta["partitioner_tag"] = "is_backward"`` (make_fx copies the
+    current node meta): the split of a graph traced without functionalization reads it."""
+    meta = fx_traceback.get_current_meta() if fx_traceback.has_preserved_node_meta() else None
+    if meta is None:
+        yield
+        return
+    previous = meta.get(PHASE_KEY)
+    meta[PHASE_KEY] = BACKWARD
+    try:
+        yield
+    finally:
+        if previous is None:
+            meta.pop(PHASE_KEY, None)
+        else:
+            meta[PHASE_KEY] = previous
 
 
 def _current_value(value):
@@ -134,14 +171,12 @@ def _current_value(value):
     return value
 
 
-def _check_tangents_unchanged(tangents: Sequence) -> None:
-    for tangent in tangents:
-        if isinstance(tangent, FunctionalTensor) and has_data_mutation(tangent):
-            raise NotImplementedError(
-                "aotforge: a backward (of a custom autograd.Function) mutates the gradient it "
-                "received in place; that is not supported. Compute a new tensor instead "
-                "(grad * 2 rather than grad.mul_(2))."
-            )
+def _state(value):
+    """``_current_value``, and for a tensor subclass the tuple of its inner tensors' values,
+    so that a change of an inner tensor shows."""
+    if is_subclass(value):
+        return tuple(_current_value(leaf) for leaf in inner_leaves(value))
+    return _current_value(value)
 
 
 def make_tangents(graph_output_fakes: Sequence, meta: ViewAndMutationMeta) -> list:
