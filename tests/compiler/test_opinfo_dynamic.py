@@ -28,9 +28,10 @@ DYNAMIC_OPS = [
 SAMPLES = 3
 # Known gaps, by op: its graphs run as ATen calls (right values, no generated kernels).
 RUN_AS_ATEN_FROM_2_15 = {
-    "narrow": "on torch 2.15 every graph of this test's narrow samples has a size Max(1, s), "
-    "which the compiler cannot print (on 2.14 the first two samples do too, the third "
-    "compiles); the cause is not traced yet",
+    "narrow": "narrow's length reaches the graph as a symbolic int s, and a tensor of "
+    "length s gets contiguous strides with Max(1, s), which the compiler cannot print yet; "
+    "torch 2.14 specialized the third sample's length 0 to a constant (that graph compiled), "
+    "torch 2.15 keeps it symbolic",
 }
 
 
