@@ -5,6 +5,7 @@ may import it during collection (through torch, aotforge or Triton itself), so i
 on here, before anything is collected. On a GPU machine (tests/gpu) it stays off."""
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -13,3 +14,46 @@ if not torch.cuda.is_available():
 # with a load from an earlier run. Their own tests (tests/compiler/runtime/test_graph_cache.py)
 # turn them on.
 os.environ.setdefault("AOTFORGE_CACHE", "0")
+
+
+# `python -m pytest -m quick`: a representative subset (about 1-2 min on a CPU), one slice of
+# every pipeline stage plus the tests that new torch releases broke before (fake tensors,
+# functionalization's view replay, export). CI runs it against the newest torch our range
+# admits (.ci/run). Listed here by test id prefix, so that the test files stay as they are.
+QUICK = (
+    "tests/test_torch_versions.py",
+    "tests/test_packaging.py::test_installed_torch_is_in_the_supported_range",
+    # aot: eager's contract (values, gradients, mutations, views and their grad_fn kinds)
+    "tests/aot/test_foundation.py::test_matches_eager",
+    "tests/aot/test_foundation.py::test_torch_compile_aotforge_eager_training_step",
+    "tests/aot/test_eager_contract_runtime.py::test_multi_output_views",
+    "tests/aot/test_mutation_aliasing.py::test_case[",
+    "tests/aot/test_mutation_aliasing.py::test_storage_swaps_on_inputs_are_clear_errors",
+    "tests/aot/test_subclasses.py::test_two_tensor_metadata_mutation_is_rejected_like_pytorch",
+    "tests/aot/test_export.py::test_batchnorm_signature_matches_torch",
+    "tests/aot/test_export_guards.py::test_values_read_from_tensors_need_dynamic_shapes_and_torch_check",
+    "tests/aot/test_rng.py::test_matches_eager_on_cpu",
+    "tests/aot/test_mutation_aliasing.py::test_multi_output_views_reject_inplace_like_eager",
+    # partition and compiler
+    "tests/partition/test_mincut.py::test_gradients_equal_eager",
+    "tests/compiler/test_pipeline.py::test_write_back_into_a_view_of_an_input",
+    "tests/compiler/test_dynamic.py::test_sizes_not_multiple_of_block",
+    "tests/test_backends.py::test_cpu_graphs_run_undecomposed_and_the_log_says_why",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(QUICK):
+            item.add_marker(pytest.mark.quick)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under `-m quick` alone, skip importing the other test files (collecting the whole suite
+    takes longer than running the subset)."""
+    if config.getoption("markexpr", "") != "quick" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    path = collection_path.resolve().relative_to(config.rootpath.resolve()).as_posix()
+    return True if path not in {prefix.split("::")[0] for prefix in QUICK} else None

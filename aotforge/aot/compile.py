@@ -21,6 +21,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, P
 from .. import debug
 from ..config import config as global_config
 from . import cache as aot_cache
+from ..torch_versions import new_fake_mode
 from .effects import partition_with_effects
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
@@ -56,7 +57,7 @@ def fake_inputs(flat_args: Sequence, dynamic: bool) -> tuple[FakeTensorMode, lis
     if fake_mode is None:
         # A jagged nested tensor's ragged size is a symbol (a nested int) even in static mode.
         jagged = any(isinstance(a, torch.Tensor) and a.is_nested for a in flat_args)
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic or jagged else None, allow_non_fake_inputs=True)
+        fake_mode = new_fake_mode(shape_env=ShapeEnv() if dynamic or jagged else None, allow_non_fake_inputs=True)
         static_shapes = not dynamic
     fakes = []
     for arg in flat_args:

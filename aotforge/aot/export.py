@@ -48,11 +48,11 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
-    FakeTensorMode,
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
 from .. import debug
+from ..torch_versions import new_fake_mode
 from .compile import fake_inputs
 from .export_guards import guard_constant_inputs, guard_dynamic_shapes
 from .export_pre_dispatch import trace_pre_dispatch
@@ -417,7 +417,7 @@ def _fake_export_inputs(flat_args: list, num_state: int, dynamic: bool) -> tuple
     which case it is a guard, and the graph checks it)."""
     if not dynamic or detect_fake_mode(flat_args) is not None:
         return fake_inputs(flat_args, dynamic=dynamic)
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
+    fake_mode = new_fake_mode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
     fakes = [
         fake_mode.from_tensor(arg, static_shapes=index < num_state)
         if isinstance(arg, torch.Tensor) else arg

@@ -45,6 +45,16 @@ _STORAGE_SWAP_MESSAGE = (
     "tensor. Write the result to a new tensor and return it instead."
 )
 
+# Functionalization refuses resize_() to a larger size of a view; from torch 2.15 of every
+# tensor, inputs and intermediates too (up to 2.14 an input's growth reached the check above).
+_FUNCTIONALIZATION_REFUSES_GROWING = "Attempted to resize a view tensor to a larger size"
+_GROWING_RESIZE_MESSAGE = (
+    "aotforge: the function grows a tensor with resize_() ({error}). A traced graph cannot "
+    "do that: on an input it would have to grow the caller's storage, and from torch 2.15 "
+    "functionalization refuses it for any tensor. Make a new tensor of the new size instead "
+    "(torch.empty, torch.cat) and return it."
+)
+
 
 def collect_metadata(
     flat_fn: Callable,
@@ -69,8 +79,13 @@ def collect_metadata(
                 if isinstance(arg, torch.Tensor):
                     storages.setdefault(storage_ref(arg), index)
             grad_fns_before = [getattr(a, "grad_fn", None) for a in functional_args]
-            with _StorageChanges(functional_args, nbytes_before).watching(functional_mode) as resizes:
-                outputs = list(flat_fn(*functional_args))
+            try:
+                with _StorageChanges(functional_args, nbytes_before).watching(functional_mode) as resizes:
+                    outputs = list(flat_fn(*functional_args))
+            except RuntimeError as error:
+                if _FUNCTIONALIZATION_REFUSES_GROWING in str(error):
+                    raise NotImplementedError(_GROWING_RESIZE_MESSAGE.format(error=error)) from error
+                raise
             input_info = [
                 subclass_input_info(index, f_arg, arg, grad_fn_before, _STORAGE_SWAP_MESSAGE)
                 if is_subclass(arg)

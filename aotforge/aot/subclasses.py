@@ -159,7 +159,8 @@ _METADATA_MUTATION_MESSAGE = (
     "aotforge: the function changes the shape or strides of the tensor-subclass input {index} "
     "({kind}) in place (t_(), unsqueeze_(), resize_(), as_strided_(), ...). Metadata "
     "mutations of tensor subclasses are not supported (PyTorch's AOTAutograd rejects them "
-    "too): the subclass's inner tensors could not be kept consistent with its outer strides. "
+    "too up to torch 2.13): aotforge cannot yet keep the subclass's inner tensors consistent "
+    "with its outer strides. "
     "Use the out-of-place op (x = x.t()) instead."
 )
 

@@ -69,7 +69,7 @@ class ViewReplay:
             if self.view_function is not None:
                 view = self.view_function(base)
             elif self.steps is not None:
-                view = _apply_sequence(base, [_view_meta(step, bindings) for step in self.steps])
+                view = _replay_steps(base, self.steps, bindings)
             else:
                 view = self._as_strided(base, bindings)
         if not patch_requires_grad:
@@ -147,6 +147,34 @@ def _relative_steps(output, base) -> Optional[tuple[ViewStep, ...]]:
             return None
         steps.append(ViewStep(kind, _to_plain(meta.as_tuple())))
     return tuple(steps)
+
+
+# Multi-output view ops, by ViewMeta kind. Eager's outputs of these carry the op's own grad_fn
+# (SplitBackward0, UnbindBackward0). Up to torch 2.14 apply_view_meta_sequence replays the
+# op; from 2.15 it rebuilds only the one output, as a slice or select (another grad_fn kind,
+# the same gradient), so aotforge replays these by running the op itself.
+_MULTI_OUTPUT_VIEWS = {
+    "split_Tensor_ViewMeta": torch.ops.aten.split.Tensor,
+    "split_with_sizes_ViewMeta": torch.ops.aten.split_with_sizes.default,
+    "unbind_int_ViewMeta": torch.ops.aten.unbind.int,
+}
+# Their arguments: (has_symbolic_inputs, out_index, reapply_views, inverse_return_mode,
+# *the op's arguments after the tensor), as torch 2.13 to 2.15 lay them out.
+_OUT_INDEX, _OP_ARGUMENTS = 1, 4
+
+
+def _replay_steps(base: torch.Tensor, steps: tuple[ViewStep, ...], bindings: dict) -> torch.Tensor:
+    view, pending = base, []
+    for step in steps:
+        op = _MULTI_OUTPUT_VIEWS.get(step.kind)
+        if op is None:
+            pending.append(_view_meta(step, bindings))
+            continue
+        if pending:
+            view, pending = _apply_sequence(view, pending), []
+        arguments = _from_plain(step.arguments, bindings)
+        view = op(view, *arguments[_OP_ARGUMENTS:])[arguments[_OUT_INDEX]]
+    return _apply_sequence(view, pending) if pending else view
 
 
 def _view_meta(step: ViewStep, bindings: dict) -> Any:

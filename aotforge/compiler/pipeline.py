@@ -213,10 +213,11 @@ def _ensure_fake_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> No
     if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
         return
     from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    from ..torch_versions import new_fake_mode
+
+    fake_mode = detect_fake_mode(example_inputs) or new_fake_mode(allow_non_fake_inputs=True)
     inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not _is_fake(x) else x for x in example_inputs]
     FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*inputs)
 

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass, return_a
 
 import aotforge
 from aotforge.aot.boxing import nop
+from aotforge.torch_versions import torch_at_least
 
 DOUBLE = torch.float64
 
@@ -163,11 +164,13 @@ def test_two_tensor_metadata_mutation_is_rejected_like_pytorch():
 
     with pytest.raises(RuntimeError, match="Metadata mutations of tensor subclasses are not supported"):
         aot(fn)(two(2, 3))
-    # PyTorch's AOTAutograd rejects it too.
+    # PyTorch's AOTAutograd rejects it too up to 2.13; from 2.14 it supports it (aotforge
+    # does not yet: a clear error, never a wrong layout).
     from functorch.compile import aot_function as functorch_aot_function
 
-    with pytest.raises(RuntimeError, match="Metadata mutations are currently not allowed on tensor subclasses"):
-        functorch_aot_function(fn, nop)(two(2, 3))
+    if not torch_at_least("2.14"):
+        with pytest.raises(RuntimeError, match="Metadata mutations are currently not allowed on tensor subclasses"):
+            functorch_aot_function(fn, nop)(two(2, 3))
 
 
 def test_two_tensor_outputs_alias_inputs():
