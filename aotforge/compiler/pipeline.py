@@ -27,9 +27,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .. import debug
+from ..aot import aot_module_simplified
 from ..config import config
+from ..partition import min_cut_rematerialization_partition
 from . import passes
-from .codegen.triton import emit_kernels
+from .codegen.kernel import emit_kernels
+from .codegen.triton import TritonPrinter
 from .codegen.wrapper import emit_wrapper
 from .decompositions import select_decomposition_table
 from .lowering import lower
@@ -113,8 +116,24 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         return _boxed(_aten_graph(kind, gm, clock.timings))
 
 
+# The code generator of each device: the printer that spells its kernels (codegen) and the
+# loader that makes them callable (runtime). Triton serves CUDA, and the CPU under
+# ``config.triton_on_cpu``; a target is a printer and a loader, nothing else.
+TARGETS: dict[str, tuple[Callable, Callable]] = {
+    "cuda": (TritonPrinter, runtime.triton_launcher),
+    "cpu": (TritonPrinter, runtime.triton_launcher),
+}
+
+
+def _target(gm: fx.GraphModule) -> tuple[Any, Callable]:
+    devices = {n.meta["val"].device.type for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    make_printer, launcher = TARGETS["cuda" if "cuda" in devices else "cpu"]
+    return make_printer(), launcher
+
+
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
     """The stages from the post-grad graph to the loaded program."""
+    printer, launcher = _target(gm)
     with clock("lower"):
         lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
@@ -125,10 +144,10 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
     debug.artifact("ir", f"{kind}_kernel_plan", str(plan), ".txt")
     debug.artifact("ir", f"{kind}_memory_plan", str(memory), ".txt")
     with clock("codegen"):
-        kernels = emit_kernels(lowered, plan, reads)       # KernelSource per kernel group
+        kernels = emit_kernels(lowered, plan, reads, printer)  # KernelSource per kernel group
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
-                            run_aten_graph=_run_fx(gm))
+                            run_aten_graph=_run_fx(gm), launcher=launcher)
     debug.artifact("output_code", f"{kind}_kernels", compiled.kernel_source)
     debug.artifact("output_code", f"{kind}_wrapper", compiled.wrapper_source)
     return compiled
@@ -251,18 +270,18 @@ def _take_aot_timings(kind: str, aot: Optional[dict]) -> dict[str, float]:
     return timings
 
 
-def _partitioner(aot_timings: dict) -> Callable:
-    import aotforge.partition as partition
-
-    chosen = getattr(partition, "min_cut_rematerialization_partition", None) or partition.default_partition
+def partitioner(aot_timings: Optional[dict] = None) -> Callable:
+    """The backend's partitioner: the joint-graph passes, then min-cut rematerialization.
+    ``aot_timings`` (when given) adds up the seconds spent, under ``"partition"``."""
+    timings = {} if aot_timings is None else aot_timings
 
     def partition_with_joint_passes(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
         started = time.perf_counter()
         try:
             joint = passes.joint_graph_passes(joint)
-            return chosen(joint, joint_inputs, **kwargs)
+            return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         finally:
-            aot_timings["partition"] = aot_timings.get("partition", 0.0) + time.perf_counter() - started
+            timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - started
     return partition_with_joint_passes
 
 
@@ -306,8 +325,6 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
     if isinstance(model, fx.GraphModule):
         model = passes.pre_grad_passes(model)
 
-    from ..aot import aot_module_simplified
-
     table = select_decomposition_table(decompositions)
     aot_timings = {"started": time.perf_counter()}  # trace and partition seconds, for the breakdown
     forward = functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings)
@@ -315,7 +332,7 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
     inference = functools.partial(inner_compile, is_inference=True, aot_timings=aot_timings)
     return aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
                                  inference_compiler=inference, decompositions=table,
-                                 partition_fn=_partitioner(aot_timings), keep_inference_input_mutations=True,
+                                 partition_fn=partitioner(aot_timings), keep_inference_input_mutations=True,
                                  # both graphs' kernels go to the compile pool at once
                                  compile_backward_now=True)
 

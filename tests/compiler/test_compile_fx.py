@@ -69,9 +69,10 @@ def test_config_patches_apply_to_a_backward_compiled_lazily_in_another_thread(mo
     compiles after compile_fx returned, possibly in autograd's device thread: the patches
     must reach it there."""
     import aotforge.aot
+    from aotforge.compiler import pipeline
 
     simplified = aotforge.aot.aot_module_simplified
-    monkeypatch.setattr(aotforge.aot, "aot_module_simplified",
+    monkeypatch.setattr(pipeline, "aot_module_simplified",
                         lambda *args, **kwargs: simplified(*args, **dict(kwargs, compile_backward_now=False)))
     gm = torch.fx.symbolic_trace(lambda x: (x.exp() * x,))
     x = torch.randn(4, dtype=torch.float64, requires_grad=True)

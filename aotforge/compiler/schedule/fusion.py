@@ -38,6 +38,9 @@ class KernelGroup:
     numel: Any  # sympy expressions (symbolic when sizes are)
     rnumel: Any
     nodes: tuple  # ComputedBuffer, in the order the kernel computes them
+    # pointwise | persistent (a row held at once) | looped (rows walked in chunks)
+    kind: str = "pointwise"
+    reduction_contiguous: bool = True  # the reduced axis is the fastest-moving in memory
 
     @property
     def is_reduction(self) -> bool:
@@ -214,6 +217,34 @@ def fuse(lowered: LoweredGraph, reads: BufferReads) -> KernelPlan:
             stored.add(name)
 
     names = iter(range(len(steps)))
-    final = tuple(KernelGroup(f"kernel{next(names)}", s.numel, s.rnumel, tuple(s.nodes)) if isinstance(s, _Group) else s
-                  for s in steps)
+    final = tuple(KernelGroup(f"kernel{next(names)}", s.numel, s.rnumel, tuple(s.nodes), *_kernel_kind(s, reads))
+                  if isinstance(s, _Group) else s for s in steps)
     return KernelPlan(final, frozenset(stored))
+
+
+def _kernel_kind(group: _Group, reads: BufferReads) -> tuple[str, bool]:
+    """(kind, reduction_contiguous) of a finished group. A row is held in registers when its
+    length is known, short enough, and contiguous in memory (a strided, column, reduction
+    walks its rows in a loop over tiles wide along the outputs)."""
+    contiguous = _reduction_contiguous(group, reads)
+    if group.rnumel == 1:
+        return "pointwise", contiguous
+    persistent = (group.rnumel.is_Integer and group.rnumel <= config.persistent_reduction_limit
+                  and (contiguous or group.rnumel <= 64))
+    return ("persistent" if persistent else "looped"), contiguous
+
+
+def _reduction_contiguous(group: _Group, reads: BufferReads) -> bool:
+    for buffer in group.nodes:
+        if isinstance(buffer.body, ReductionBody):
+            stride = _rindex_coefficient(reads, buffer, group.numel, group.rnumel)
+            return stride in (None, 1)
+    return True
+
+
+def _rindex_coefficient(reads: BufferReads, buffer: ComputedBuffer, numel: Any, rnumel: Any) -> Optional[Any]:
+    for _, index in reads.in_kernel(buffer, numel, rnumel) or []:
+        coefficient = sympy.expand(index).coeff(RINDEX)
+        if coefficient != 0 and not coefficient.free_symbols & {XINDEX, RINDEX}:
+            return int(coefficient) if coefficient.is_Integer else coefficient
+    return None

@@ -17,7 +17,7 @@ import sympy
 
 from ..indexing import node_indices, simplify_index, store_index
 from ..ir import ComputedBuffer, ExternCall, LoweredGraph, ReductionBody, StorageView, product
-from ..ops import ReadRecorder, use_handler
+from ..ops import ReadRecorder
 
 IndexedReads = tuple[tuple[str, sympy.Expr], ...]
 
@@ -52,11 +52,7 @@ def _record(buffer: ComputedBuffer, numel: int, rnumel: int) -> Optional[Indexed
     if indices is None:
         return None
     recorder = ReadRecorder()
-    with use_handler(recorder):
-        if isinstance(buffer.body, ReductionBody):
-            buffer.body.fn(*indices)
-        else:
-            buffer.body.fn(indices[0])
+    buffer.body.walk(recorder, *indices)
     return tuple((name, simplify_index(index)) for name, index in recorder.reads)
 
 
