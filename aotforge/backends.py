@@ -26,7 +26,9 @@ import torch.fx as fx
 from torch.fx import traceback as fx_traceback
 
 from . import debug
+from .aot import aot_module_simplified, boxing
 from .config import config
+from .inspection import dynamo_recorder
 
 # torch.compile's modes -> aotforge.config settings.
 MODES: dict[str, dict[str, Any]] = {
@@ -120,18 +122,14 @@ def _kind(kwargs: dict) -> str:
 
 
 def aotforge_eager_backend(gm: fx.GraphModule, example_inputs, **kwargs):
-    from .aot import aot_module_simplified
-    from .aot.boxing import boxed_nop
-    from .inspection import dynamo_recorder
-
     patches = config_patches(kwargs.get("mode"), kwargs.get("options"))
     recorder = dynamo_recorder()
     with config.patch(**patches), _compile_scope(recorder, gm), _source_lines_kept(gm):
         compiled = aot_module_simplified(
             gm, example_inputs,
-            fw_compiler=_record(recorder, boxed_nop, "forward"),
-            bw_compiler=_record(recorder, boxed_nop, "backward"),
-            inference_compiler=_record(recorder, boxed_nop, "inference"),
+            fw_compiler=_record(recorder, boxing.boxed_nop, "forward"),
+            bw_compiler=_record(recorder, boxing.boxed_nop, "backward"),
+            inference_compiler=_record(recorder, boxing.boxed_nop, "inference"),
         )
     return _patched(compiled, patches)
 
@@ -153,8 +151,7 @@ def aotforge_backend(gm: fx.GraphModule, example_inputs, **kwargs):
 
 
 def _compile(gm: fx.GraphModule, example_inputs, patches: dict, kwargs: dict) -> Callable:
-    from .compiler import compile_fx, compile_fx_inner
-    from .inspection import dynamo_recorder
+    from .compiler import compile_fx, compile_fx_inner  # loaded at first use: ``import aotforge`` stays light
 
     recorder = dynamo_recorder()
 

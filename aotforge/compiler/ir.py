@@ -86,6 +86,11 @@ def index_symbols(prefix: str, count: int) -> list[sympy.Symbol]:
     return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(count)]
 
 
+@functools.lru_cache(maxsize=None)
+def _symbols(prefix: str, count: int) -> tuple:
+    return tuple(index_symbols(prefix, count))
+
+
 # --- buffers -----------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -168,7 +173,7 @@ class PointwiseBody:
 
     def walk(self, handler: Any, index: Sequence[Expr], rindex: Sequence[Expr] = ()) -> Any:
         """The body through ``handler``, at ``index`` (expressions in the handler's variables)."""
-        return replay(self.code, handler, dict(zip(index_symbols("i", len(self.ranges)), index)))
+        return replay(self.code, handler, dict(zip(_symbols("i", len(self.ranges)), index)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +194,8 @@ class ReductionBody:
         return ReductionBody(tuple(ranges), tuple(reduction_ranges), reduction_type, code, source_dtype)
 
     def walk(self, handler: Any, index: Sequence[Expr], rindex: Sequence[Expr] = ()) -> Any:
-        mapping = dict(zip(index_symbols("i", len(self.ranges)), index))
-        mapping.update(zip(index_symbols("r", len(self.reduction_ranges)), rindex))
+        mapping = dict(zip(_symbols("i", len(self.ranges)), index))
+        mapping.update(zip(_symbols("r", len(self.reduction_ranges)), rindex))
         return replay(self.code, handler, mapping)
 
 

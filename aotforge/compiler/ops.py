@@ -1,9 +1,11 @@
 """``ops``: the instruction set that loop bodies are written in.
 
-A body is a Python function of a symbolic index that calls ``ops.load``, ``ops.add``,
-``ops.exp``, ... . What those calls do depends on the handler installed while the body runs:
-the read analysis records which buffers are loaded at which index, the Triton code generator
-emits one line of kernel code per call. Lowerings never know which handler is active.
+A lowering writes a body as a Python function of a symbolic index that calls ``ops.load``,
+``ops.add``, ``ops.exp``, ... ; it runs once, under the capturing handler, into a record
+(body.py). Every later stage replays the record through its own handler: the read analysis
+records which buffers are loaded at which index, the printer writes numbered lines, the
+kernel builder emits one line of kernel code per call. Lowerings never know which handler is
+active.
 """
 from __future__ import annotations
 

@@ -142,6 +142,8 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
         plan = fuse(lowered, reads)                        # KernelPlan: kernels and extern calls
         memory = plan_memory(lowered, plan, reads)         # MemoryPlan: allocations, reuse, frees
     debug.artifact("ir", f"{kind}_kernel_plan", str(plan), ".txt")
+    if plan.refusals:
+        debug.artifact("ir", f"{kind}_fusion_refusals", plan.describe_refusals(), ".txt")
     debug.artifact("ir", f"{kind}_memory_plan", str(memory), ".txt")
     with clock("codegen"):
         kernels = emit_kernels(lowered, plan, reads, printer)  # KernelSource per kernel group
@@ -285,56 +287,72 @@ def partitioner(aot_timings: Optional[dict] = None) -> Callable:
     return partition_with_joint_passes
 
 
-def _patched(compiler: Callable, config_patches: dict) -> Callable:
-    """``compiler`` run under ``config_patches``: the backward graph compiles lazily, long after
-    ``compile_fx`` returned, and must see the same options as the forward."""
-    def compile_patched(*args: Any, **kwargs: Any) -> Callable:
+def _patched(fn: Callable, config_patches: dict) -> Callable:
+    """``fn`` run under ``config_patches``: the backward graph compiles lazily, long after
+    ``compile_fx`` returned, and the compiled graphs run later still; both must see the
+    options the compile was asked for."""
+    if not config_patches:
+        return fn
+
+    def run_patched(*args: Any, **kwargs: Any) -> Any:
         with config.patch(**config_patches):
-            return compiler(*args, **kwargs)
-    return compile_patched
+            return fn(*args, **kwargs)
+    return run_patched
 
 
 def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
                inner_compile: Callable = compile_fx_inner, config_patches: Optional[dict] = None,
                decompositions: Optional[dict] = None) -> Callable:
-    """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend."""
+    """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend. The
+    input is normalized first (``_normalize``: each step gives a simpler model and how to call
+    what compiling it returns), then traced by AOT autograd with ``inner_compile`` per graph.
+    ``config_patches`` apply to all of it, in one place: the compile, the lazily compiled
+    backward and every call."""
     compile_pool.start_if_useful()  # workers boot while the graph is traced and partitioned
-    if config_patches:
-        with config.patch(**config_patches):  # unknown options fail here, at once
-            pass
-        inner_compile = _patched(inner_compile, config_patches)
-        with config.patch(**config_patches):
-            compiled = compile_fx(model, example_inputs, inner_compile, None, decompositions)
+    config_patches = dict(config_patches or {})
+    with config.patch(**config_patches):  # unknown options fail here, at once
+        model, example_inputs, adapt = _normalize(model, list(example_inputs))
+        compiled = _compile_aot(model, example_inputs, _patched(inner_compile, config_patches), decompositions)
+    return _patched(adapt(compiled), config_patches)
 
-        def run_patched(*args: Any) -> Any:
-            with config.patch(**config_patches):
-                return compiled(*args)
-        return run_patched
 
-    if isinstance(model, fx.GraphModule) and isinstance(model.graph._codegen, fx.graph._PyTreeCodeGen):
-        return _compile_pytree_codegen(model, example_inputs, inner_compile, decompositions)
-
-    if any(isinstance(x, (list, tuple)) for x in example_inputs):
-        return _compile_flattened_inputs(model, example_inputs, inner_compile, decompositions)
-
-    if isinstance(model, fx.GraphModule) and not _returns_tuple(model):
-        model = _make_output_tuple(model)
-        compiled = compile_fx(model, example_inputs, inner_compile, None, decompositions)
-        return lambda *args: compiled(*args)[0]
-
-    if isinstance(model, fx.GraphModule):
-        model = passes.pre_grad_passes(model)
-
+def _compile_aot(model: Any, example_inputs: list, inner_compile: Callable, decompositions: Optional[dict]) -> Callable:
     table = select_decomposition_table(decompositions)
     aot_timings = {"started": time.perf_counter()}  # trace and partition seconds, for the breakdown
     forward = functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings)
     backward = functools.partial(inner_compile, is_backward=True)
     inference = functools.partial(inner_compile, is_inference=True, aot_timings=aot_timings)
-    return aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
+    return aot_module_simplified(model, example_inputs, fw_compiler=forward, bw_compiler=backward,
                                  inference_compiler=inference, decompositions=table,
                                  partition_fn=partitioner(aot_timings), keep_inference_input_mutations=True,
                                  # both graphs' kernels go to the compile pool at once
                                  compile_backward_now=True)
+
+
+# --- input normalization: steps from what Dynamo hands us to a flat graph of tuple outputs ----
+
+def _normalize(model: Any, example_inputs: list) -> tuple[Any, list, Callable[[Callable], Callable]]:
+    """Apply the normalization steps in order. Each step returns the new model and inputs and
+    how to adapt the compiled new model to the old one's calling convention; ``adapt`` applies
+    them all, innermost first."""
+    adapters: list[Callable] = []
+    if isinstance(model, fx.GraphModule) and isinstance(model.graph._codegen, fx.graph._PyTreeCodeGen):
+        model, example_inputs, adapter = _flat_pytree_codegen(model, example_inputs)
+        adapters.append(adapter)
+    if any(isinstance(x, (list, tuple)) for x in example_inputs):
+        model, example_inputs, adapter = _flattened_inputs(model, example_inputs)
+        adapters.append(adapter)
+    if isinstance(model, fx.GraphModule) and not _returns_tuple(model):
+        model = _make_output_tuple(model)
+        adapters.append(lambda compiled: lambda *args: compiled(*args)[0])
+    if isinstance(model, fx.GraphModule):
+        model = passes.pre_grad_passes(model)
+
+    def adapt(compiled: Callable) -> Callable:
+        for adapter in reversed(adapters):
+            compiled = adapter(compiled)
+        return compiled
+    return model, example_inputs, adapt
 
 
 def _returns_tuple(gm: fx.GraphModule) -> bool:
@@ -349,22 +367,23 @@ def _make_output_tuple(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _compile_pytree_codegen(model: fx.GraphModule, example_inputs, inner_compile, decompositions) -> Callable:
-    """Graphs from ``torch._dynamo.export`` take and return pytrees; compile the flat graph
-    inside and (un)flatten around it."""
+def _flat_pytree_codegen(model: fx.GraphModule, example_inputs: list) -> tuple:
+    """Graphs from ``torch._dynamo.export`` take and return pytrees: the flat graph inside,
+    (un)flattened around it."""
     codegen = model.graph._codegen
     in_spec, out_spec = codegen.pytree_info.in_spec, codegen.pytree_info.out_spec
     model.graph._codegen = fx.graph.CodeGen()
     model.recompile()
     flat_inputs = pytree.arg_tree_leaves(*example_inputs) if in_spec is not None else list(example_inputs)
-    compiled = compile_fx(model, flat_inputs, inner_compile, None, decompositions)
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        flat = pytree.arg_tree_leaves(*args, **kwargs) if in_spec is not None else list(args)
-        out = compiled(*flat)
-        return pytree.tree_unflatten(list(out) if isinstance(out, (list, tuple)) else [out], out_spec) \
-            if out_spec is not None else out
-    return run
+    def adapt(compiled: Callable) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            flat = pytree.arg_tree_leaves(*args, **kwargs) if in_spec is not None else list(args)
+            out = compiled(*flat)
+            return pytree.tree_unflatten(list(out) if isinstance(out, (list, tuple)) else [out], out_spec) \
+                if out_spec is not None else out
+        return run
+    return model, list(flat_inputs), adapt
 
 
 class _FlatInputs(torch.nn.Module):
@@ -376,11 +395,10 @@ class _FlatInputs(torch.nn.Module):
         return self.model(*pytree.tree_unflatten(list(flat), self.spec))
 
 
-def _compile_flattened_inputs(model, example_inputs, inner_compile, decompositions) -> Callable:
+def _flattened_inputs(model: Any, example_inputs: list) -> tuple:
+    """Inputs that are lists or tuples of tensors: a module over their leaves."""
     flat, spec = pytree.tree_flatten(list(example_inputs))
-    flat_model = _FlatInputs(model, spec)
-    compiled = compile_fx(flat_model, flat, inner_compile, None, decompositions)
 
-    def run(*args: Any) -> Any:
-        return compiled(*pytree.tree_flatten(list(args))[0])
-    return run
+    def adapt(compiled: Callable) -> Callable:
+        return lambda *args: compiled(*pytree.tree_flatten(list(args))[0])
+    return _FlatInputs(model, spec), flat, adapt

@@ -4,8 +4,6 @@ helpers the wrapper calls."""
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence

@@ -4,7 +4,6 @@ here, runs the same kernel groups the Triton printer does: pointwise, persistent
 reductions, fused epilogues, masked and indirect reads."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

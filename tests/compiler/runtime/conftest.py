@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from aotforge.compiler.runtime import compiled, disk_cache, launch, modules
+from aotforge.compiler.runtime import compiled, disk_cache, modules
 from aotforge.config import config
 
 

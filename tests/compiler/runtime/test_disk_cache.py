@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from aotforge.compiler import compile_fx_inner
-from aotforge.compiler.runtime import compiled, disk_cache, launch, modules
+from aotforge.compiler.runtime import compiled, disk_cache, modules
 from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
 from aotforge.config import config
 
@@ -166,7 +166,7 @@ def test_threads_writing_one_entry_at_once(cache_dir):
 
 
 def test_worker_refuses_a_module_file_that_does_not_verify(cache_dir):
-    from aotforge.compiler.runtime import compile_pool, launch, modules
+    from aotforge.compiler.runtime import compile_pool, modules
 
     check_matches_eager(row_sum_and_sine)
     path = kernel_file(cache_dir)
