@@ -5,7 +5,6 @@
     aotforge.aot_function(fn, fw_compiler, bw_compiler)
     aotforge.inspect(compiled)                        # graphs, partition, kernels, timings
 """
-from . import aot as _aot
 from .aot import (
     AOTConfig,
     GraphSignature,
@@ -29,12 +28,9 @@ from .compat import (
     print_compile,
 )
 from .config import config
-from .inspection import _recording, inspect
+from .inspection import aot_function, aot_module, inspect
 from .partition import default_partition, min_cut_rematerialization_partition
 
-# The public entry points record every compile for aotforge.inspect (aotforge.aot's own do not).
-aot_function = _recording(_aot.aot_function)
-aot_module = _recording(_aot.aot_module)
 compiled_function = aot_function
 compiled_module = aot_module
 

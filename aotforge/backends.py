@@ -27,7 +27,9 @@ import torch
 import torch.fx as fx
 
 from . import debug
+from .aot import aot_module_simplified, boxing
 from .config import config, config_default, did_you_mean
+from .inspection import dynamo_recorder
 
 # torch.compile's modes -> aotforge.config settings.
 MODES: dict[str, dict[str, Any]] = {
@@ -188,10 +190,7 @@ def _kind(kwargs: dict) -> str:
 
 
 def aotforge_eager_backend(gm: fx.GraphModule, example_inputs, **kwargs):
-    from .aot import aot_module_simplified
-    from .aot.boxing import boxed_nop
-    from .compiler.aot_cache import compile_fx_graphs
-    from .inspection import dynamo_recorder
+    from .compiler.aot_cache import compile_fx_graphs  # the compiler loads on first use
 
     patches = config_patches(kwargs.get("mode"), kwargs.get("options"))
     recorder = dynamo_recorder()
@@ -199,9 +198,9 @@ def aotforge_eager_backend(gm: fx.GraphModule, example_inputs, **kwargs):
     def compile(keep: Callable) -> Callable:  # ``keep``: the AOT cache keeps the graphs that run
         return aot_module_simplified(
             gm, example_inputs,
-            fw_compiler=keep("forward", _record(recorder, boxed_nop, "forward")),
-            bw_compiler=keep("backward", _record(recorder, boxed_nop, "backward")),
-            inference_compiler=keep("inference", _record(recorder, boxed_nop, "inference")),
+            fw_compiler=keep("forward", _record(recorder, boxing.boxed_nop, "forward")),
+            bw_compiler=keep("backward", _record(recorder, boxing.boxed_nop, "backward")),
+            inference_compiler=keep("inference", _record(recorder, boxing.boxed_nop, "inference")),
         )
 
     with config.patch(**patches), _compile_scope(recorder, gm), _source_lines_kept(gm):
@@ -232,8 +231,7 @@ def aotforge_backend(gm: fx.GraphModule, example_inputs, **kwargs):
 
 
 def _compile(gm: fx.GraphModule, example_inputs, patches: dict, kwargs: dict) -> Callable:
-    from .compiler import compile_fx, compile_fx_inner
-    from .inspection import dynamo_recorder
+    from .compiler import compile_fx, compile_fx_inner  # loaded at first use: ``import aotforge`` stays light
 
     recorder = dynamo_recorder()
 

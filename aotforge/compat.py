@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import os
-import threading
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -13,6 +12,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .aot.boxing import make_boxed_compiler
+from .inspection import aot_function, aot_module, graph_being_compiled
+from .partition import min_cut_rematerialization_partition
 
 aten = torch.ops.aten
 
@@ -78,9 +79,7 @@ def draw_graph(traced: fx.GraphModule, fname: str, figname: str = "fx_graph",
 def memory_efficient_fusion(fn: Union[Callable, nn.Module], **kwargs: Any):
     """``aot_function`` / ``aot_module`` with min-cut rematerialization, the default
     decompositions and aotforge's compiler for the forward and backward graphs."""
-    from . import aot_function, aot_module
-    from .compiler import compile_fx_inner
-    from .partition import min_cut_rematerialization_partition
+    from .compiler import compile_fx_inner  # loaded at first use: ``import aotforge`` stays light
 
     settings = {
         "fw_compiler": compile_fx_inner,
@@ -96,23 +95,10 @@ def memory_efficient_fusion(fn: Union[Callable, nn.Module], **kwargs: Any):
 
 # --- the graph being compiled (set by aotforge.inspection's recorders) ----------------------
 
-_compiling = threading.local()
-
-
-def set_graph_being_compiled(model_name: str, graph_name: str, nth_graph: int) -> Any:
-    previous = getattr(_compiling, "value", None)
-    _compiling.value = ([graph_name], model_name, nth_graph)
-    return previous
-
-
-def restore_graph_being_compiled(previous: Any) -> None:
-    _compiling.value = previous
-
-
 def get_aot_compilation_context() -> tuple[list[str], str, int]:
     """(graph names, model name, n-th graph of that model) of the graph whose compiler is
     running now; ([], "", 0) outside a compile."""
-    value = getattr(_compiling, "value", None)
+    value = graph_being_compiled()
     if value is None:
         return [], "", 0
     names, model, nth = value

@@ -32,7 +32,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx as fx
 
-from . import compat, debug
+from . import aot as _aot, debug
+from .partition import default_partition
 
 # The compiler's result parts, read from the boxed callable's ``compiled_graph``, in print order.
 COMPILED_PARTS = ("lowered", "kernel_plan", "memory_plan", "wrapper_source", "kernel_source")
@@ -288,7 +289,8 @@ class Recorder:
             record.graphs.setdefault(kind, gm)
             scope = record.scope if kind == "backward" and record.scope else None
             started = time.perf_counter()
-            previous = compat.set_graph_being_compiled(self.name, kind, record.number)
+            previous = getattr(_compiling, "value", None)
+            _compiling.value = ([kind], self.name, record.number)
             try:
                 if scope is not None:  # the backward compiles later, in its own call: rejoin the scope
                     with debug.compile_scope(record.name, scope=scope):
@@ -296,7 +298,7 @@ class Recorder:
                 else:
                     result = compiler(gm, example_inputs, *args, **kwargs)
             finally:
-                compat.restore_graph_being_compiled(previous)
+                _compiling.value = previous
             seconds = time.perf_counter() - started
             record.timings[f"{kind} compile"] = seconds
             record.compiled[kind] = CompiledPart(kind, result, seconds)
@@ -527,10 +529,7 @@ def _recording(entry: Callable) -> Callable:
     """``entry`` (aot.aot_function or aot.aot_module) with its compilers and partitioner
     wrapped by a Recorder attached to the result. Both take aot_function's arguments after
     the function or module."""
-    from .aot import aot_function
-    from .partition import default_partition
-
-    signature = _pyinspect.signature(aot_function)
+    signature = _pyinspect.signature(_aot.aot_function)
 
     @functools.wraps(entry)
     def recording_entry(first, *args, **kwargs):
@@ -564,3 +563,16 @@ def _name_of(obj: Any) -> str:
     if isinstance(obj, torch.nn.Module):
         return type(obj).__name__
     return getattr(obj, "__name__", type(obj).__name__)
+
+
+# The public entry points record every compile for aotforge.inspect (aotforge.aot's own do not).
+aot_function = _recording(_aot.aot_function)
+aot_module = _recording(_aot.aot_module)
+
+# the graph whose compiler runs now, in this thread: ([graph kind], model name, n-th graph of
+# that model), for torch's compatibility names (``compat.get_aot_graph_name``)
+_compiling = threading.local()
+
+
+def graph_being_compiled() -> Optional[tuple]:
+    return getattr(_compiling, "value", None)

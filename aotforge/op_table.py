@@ -6,7 +6,7 @@ Each op has a *kind* and two flags::
 
     kind        view, pointwise, reduction, cast, creation, indexing, compute, random,
                 collective
-    kept_whole  never decomposed: its ATen kernel (cuBLAS, cuDNN, flash attention) beats
+    kept_whole  never decomposed: its ATen kernel (cuBLAS, cuDNN, attention) beats
                 anything generated, so the compiler calls it as an extern
     distinct    two calls with the same arguments give different results (random draws,
                 uninitialized memory): never merged by CSE
@@ -77,12 +77,17 @@ def _table() -> dict:
         diagonal_scatter triu tril flip roll repeat masked_fill where""", INDEXING)
     add(aten, """mm addmm bmm convolution convolution_backward
         _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention""", COMPUTE, kept_whole=True)
+    # Core ATen decomposes the CPU flash-attention forward into math whose saved logsumexp the
+    # fused backward kernel does not accept (wrong input gradients): attention stays whole.
+    add(aten, """scaled_dot_product_attention _scaled_dot_product_attention_math
+        _scaled_dot_product_flash_attention_for_cpu""", COMPUTE, kept_whole=True)
     add(aten, """baddbmm _convolution _scaled_dot_product_cudnn_attention
-        _scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_fused_attention_overrideable
+        _scaled_dot_product_fused_attention_overrideable
         _flash_attention_forward _efficient_attention_forward _scaled_mm upsample_bilinear2d""", COMPUTE)
     add(aten, """native_dropout bernoulli rand rand_like randn randn_like randint randint_like
-        randperm normal uniform exponential multinomial poisson rrelu_with_noise _fused_dropout
-        seed""", RANDOM, distinct=True)
+        randperm normal normal_functional uniform exponential geometric log_normal cauchy random
+        multinomial poisson rrelu_with_noise rrelu_with_noise_functional _fused_dropout
+        _standard_gamma _sample_dirichlet binomial seed""", RANDOM, distinct=True)
     if hasattr(torch.ops, "prims"):
         add(torch.ops.prims, "broadcast_in_dim view_of collapse_view split_dim squeeze", VIEW)
         add(torch.ops.prims, "convert_element_type", CAST)
@@ -145,6 +150,22 @@ def info(target: Any) -> OpInfo:
 
 def kind(target: Any) -> str:
     return info(target).kind
+
+
+def is_view(target: Any) -> bool:
+    """Whether the op's result is a view of its first argument: the table's views, and any op
+    whose schema says its result aliases an argument it does not write."""
+    if kind(target) == VIEW:
+        return True
+    schema = getattr(target, "_schema", None)
+    alias = schema.returns[0].alias_info if schema is not None and schema.returns else None
+    return alias is not None and not alias.is_write
+
+
+def packets_of_kind(wanted: str) -> list:
+    """The packets the table gives ``wanted`` (``RANDOM``: every random draw aotforge knows)."""
+    return [packet for packet, entry in OPS.items()
+            if entry.kind == wanted and isinstance(packet, torch._ops.OpOverloadPacket)]
 
 
 def kept_whole() -> list:

@@ -27,6 +27,8 @@ import torch
 import torch.fx as fx
 
 from . import debug
+from .compiler import compile_fx_inner
+from .config import Config, config
 
 # dtype -> (rtol, atol). Fusion reorders floating-point arithmetic, so the bounds are looser
 # than bit-exact but far below the size of a wrong lowering.
@@ -117,8 +119,6 @@ def verified(reference: fx.GraphModule, compiled: Callable, *, kind: str,
              patches: Optional[dict] = None,
              compile_graph: Optional[Callable] = None) -> Callable:
     """``compiled`` (boxed), checked on every call against ``reference`` run eagerly."""
-    from .config import Config, config
-
     scope = debug.current_scope()
     # The settings this graph was compiled under (the bisector and the repro recompile with
     # them, later, when the caller's patch may be gone).
@@ -145,8 +145,6 @@ def verified(reference: fx.GraphModule, compiled: Callable, *, kind: str,
 
 
 def _default_compiler(gm: fx.GraphModule, example_inputs: list) -> Callable:
-    from .compiler import compile_fx_inner
-
     return compile_fx_inner(gm, example_inputs)
 
 
@@ -174,8 +172,6 @@ def _fake_inputs(gm: fx.GraphModule) -> list:
 def bisect(gm: fx.GraphModule, inputs: Sequence[Any], patches: dict,
            compile_graph: Optional[Callable], scope: Optional[debug.CompileScope]) -> Mismatch:
     """Find the first node whose compiled value differs from eager's; write its repro."""
-    from .config import config
-
     compile_graph = compile_graph or _default_compiler
     candidates = [n for n in gm.graph.nodes
                   if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)]

@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--mode", default="train")
     args = parser.parse_args()
     import aotforge  # noqa: F401
-    from aotforge.bench.workload import load_workloads
+    from aotforge.bench.suites import load_workloads
     from aotforge.compiler import observe
     from triton.testing import do_bench
 

@@ -43,7 +43,7 @@ def {name}(in_ptr, out_ptr, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.con
 
 def make_kernels(count: int, salt: int, reductions: bool):
     """A module of ``count`` distinct kernels and the Kernel objects that launch them."""
-    from aotforge.compiler.runtime import launch
+    from aotforge.compiler.runtime import launch, modules
 
     template, kind = (REDUCTION, "persistent") if reductions else (POINTWISE, "pointwise")
     parts = ["import triton\nimport triton.language as tl\n"]
@@ -53,7 +53,7 @@ def make_kernels(count: int, salt: int, reductions: bool):
         constants.append((scale, shift))
         parts.append(template.format(name=f"kernel{index}", scale=scale, shift=shift))
     source = "\n".join(parts)
-    module = launch.load_module(source, f"pool_check_{salt}")
+    module = modules.load_module(source, f"pool_check_{salt}")
     numel, rnumel = (ROWS, COLUMNS) if reductions else (ROWS * COLUMNS, 1)
     kernels = [launch.Kernel(getattr(module, f"kernel{i}"), f"kernel{i}", source, kind, numel, rnumel, True, False)
                for i in range(count)]

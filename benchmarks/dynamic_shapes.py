@@ -58,7 +58,7 @@ def _child(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(ROOT))
     from aotforge.bench import measure
-    from aotforge.bench.workload import load_workloads
+    from aotforge.bench.suites import load_workloads
 
     if args.backend.startswith("aotforge"):
         import aotforge  # noqa: F401  (registers the backends)

@@ -37,7 +37,7 @@ def _child(args: argparse.Namespace) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from aotforge.bench.workload import load_workloads
+    from aotforge.bench.suites import load_workloads
 
     workload = next(w for w in load_workloads() if w.name == args.workload)
     torch.manual_seed(0)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import aotforge
 from aotforge.compiler import compile_fx_inner, select_decomposition_table
+from aotforge.compiler.pipeline import partitioner
 
 ROWS, COLUMNS = 16384, 4096
 
@@ -79,11 +80,9 @@ def capture_graphs(fn, inputs):
             return run
         return compile_
 
-    from aotforge.compiler.pipeline import _partitioner
-
     # the same decompositions and partitioner (min-cut + joint-graph passes) as the backend
     compiled_fn = aotforge.aot_function(fn, fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                                        decompositions=select_decomposition_table(), partition_fn=_partitioner())
+                                        decompositions=select_decomposition_table(), partition_fn=partitioner())
     out = compiled_fn(*inputs)
     out.backward(torch.randn_like(out))
     return captured

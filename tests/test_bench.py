@@ -12,7 +12,8 @@ import torch
 from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
 from aotforge.bench import main, measure, report, runner
-from aotforge.bench.workload import load_workloads, select
+from aotforge.bench.suites import load_workloads
+from aotforge.bench.workload import select
 
 
 # --- test backends: one correct, one wrong in the forward, one wrong only in the backward, one

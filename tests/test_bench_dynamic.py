@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from aotforge.bench.workload import benchmarks_dir
+from aotforge.bench.suites import benchmarks_dir
 
 # the repository root, where the `benchmarks` package lives
 if str(benchmarks_dir().parent) not in sys.path:

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound, ShapeEnv
 
-from .. import debug
+from .. import debug, op_table
 from ..config import config as global_config
 from . import cache as aot_cache
 from ..torch_versions import new_fake_mode
@@ -331,21 +331,13 @@ def _saved_aliases_of_mutated_inputs(forward: fx.GraphModule, meta, num_outputs:
     saved_nodes = output.args[0][num_outputs : num_outputs + num_saved]
     result = []
     for position, node in enumerate(saved_nodes):
-        while isinstance(node, fx.Node) and node.op == "call_function" and _is_view_op(node.target):
+        while isinstance(node, fx.Node) and node.op == "call_function" and op_table.is_view(node.target):
             node = node.args[0]
         if node in mutated_nodes:
             result.append(position)
     return result
 
 
-def _is_view_op(target) -> bool:
-    schema = getattr(target, "_schema", None)
-    return bool(
-        schema is not None
-        and schema.returns
-        and schema.returns[0].alias_info is not None
-        and not schema.returns[0].alias_info.is_write
-    )
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list:

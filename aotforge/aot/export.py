@@ -54,6 +54,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, S
 from .. import debug
 from ..torch_versions import new_fake_mode
 from .compile import fake_inputs
+from .export_errors import ExportError
 from .export_guards import guard_constant_inputs, guard_dynamic_shapes
 from .export_pre_dispatch import trace_pre_dispatch
 from .input_analysis import alias_groups
@@ -170,10 +171,6 @@ class GraphSignature:
             else:
                 paths.append("kwargs" + pytree.keystr(path[1:]))
         return paths
-
-
-class ExportError(RuntimeError):
-    """The function or module cannot be exported as it is; the message says what to change."""
 
 
 def aot_export_module(

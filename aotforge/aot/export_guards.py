@@ -30,6 +30,8 @@ import torch
 import torch.fx as fx
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
+from .export_errors import ExportError
+
 # How each sympy node of a shape guard is computed in Python, keyed by its sympy class.
 # Sums and products are folded pairwise.
 SYMPY_OPERATORS: dict[type, Callable] = {
@@ -190,8 +192,6 @@ def _compute(expr: sympy.Basic, symbols: dict, emit: _Emitter):
     if target is None and isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
         return emit.call(operator.pow, (_compute(expr.base, symbols, emit), int(expr.exp)))
     if target is None:
-        from .export import ExportError  # export imports this module
-
         raise ExportError(
             f"export with dynamic shapes: cannot express the size condition {expr} as a runtime "
             "check; export with static shapes (dynamic_shapes=False) instead."

@@ -65,21 +65,13 @@ aten = torch.ops.aten
 MARKER_BASE = 0x5EED_0000_0000
 MAX_DRAWS = 1 << 24
 
-# Random ops intercepted while tracing (functional overloads only: functionalization turned
-# in-place draws such as bernoulli_ into these before they reach the tracer).
-_RANDOM_PACKETS = """native_dropout bernoulli rand rand_like randn randn_like randint randint_like
-    randperm normal normal_functional uniform exponential geometric log_normal cauchy random
-    multinomial poisson rrelu_with_noise rrelu_with_noise_functional _fused_dropout
-    _standard_gamma _sample_dirichlet binomial""".split()
-
-
 @functools.lru_cache(None)
 def random_overloads() -> tuple:
+    """Random ops intercepted while tracing: op_table's random draws, functional overloads only
+    (functionalization turned in-place draws such as bernoulli_ into these before they reach
+    the tracer)."""
     found = []
-    for name in _RANDOM_PACKETS:
-        packet = getattr(aten, name, None)
-        if packet is None:
-            continue
+    for packet in op_table.packets_of_kind(op_table.RANDOM):
         for overload_name in packet.overloads():
             overload = getattr(packet, overload_name)
             if overload._schema.is_mutable or torch.Tag.nondeterministic_seeded not in overload.tags:

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import torch
 
 from aotforge.bench import profile, report, runner
-from aotforge.bench.workload import MODES, SUITES, load_workloads, select
+from aotforge.bench.suites import load_workloads
+from aotforge.bench.workload import MODES, SUITES, select
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -6,15 +6,13 @@ the device and dtype of the run, once per backend, so that every backend starts 
 weights and the same data.
 
 The workloads themselves live in the repository's ``benchmarks/workloads/`` package (they are
-benchmarks, not part of the library); :func:`load_workloads` finds it next to this package.
+benchmarks, not part of the library), which imports this module for the two records;
+``aotforge.bench.suites.load_workloads`` finds that package next to this one.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
-import sys
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -50,27 +48,6 @@ class Workload:
 
     def missing_packages(self) -> list[str]:
         return [name for name in self.requires if importlib.util.find_spec(name) is None]
-
-
-def benchmarks_dir() -> Path:
-    """The repository's ``benchmarks/`` folder (this package lives in ``<repo>/aotforge/``)."""
-    return Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_workloads() -> list[Workload]:
-    """Import ``benchmarks/workloads`` and return its ``WORKLOADS`` list."""
-    folder = benchmarks_dir()
-    if not (folder / "workloads" / "__init__.py").is_file():
-        raise FileNotFoundError(
-            f"the benchmark workloads were not found at {folder / 'workloads'}; "
-            "`python -m aotforge bench` runs from a checkout of the aotforge repository "
-            "(install it with `pip install -e .`)"
-        )
-    root = str(folder.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    module = importlib.import_module("benchmarks.workloads")
-    return list(module.WORKLOADS)
 
 
 def select(

@@ -6,12 +6,17 @@ printable record to the next::
     passes/              post-grad FX graph: DCE, CSE, view->reshape, no-op removal, constant
                          folding, pattern rewrites, in-place -> functional
     lowering/            lower(gm) -> LoweredGraph (ir.py): buffers whose bodies are written
-                         against ``ops`` (ops.py); ATen op -> IR through one table (LOWERINGS);
-                         anything else -> an ATen extern call
+                         against ``ops`` (ops.py) and captured once as records (body.py); ATen
+                         op -> IR through one table (LOWERINGS); anything else -> an ATen extern call
     schedule/            analyze_reads -> BufferReads; fuse -> KernelPlan; plan_memory -> MemoryPlan
-    codegen/triton.py    emit_kernels -> KernelSource per kernel (pointwise, persistent or looped)
+    codegen/kernel.py    emit_kernels -> KernelSource per kernel (pointwise, persistent or looped),
+                         spelled by a target's printer (codegen/triton.py)
     codegen/wrapper.py   emit_wrapper -> Program: the Python that allocates, launches, calls ATen, frees
-    runtime/             load -> CompiledGraph (compiled.py); kernel modules, launch, autotune (launch.py)
+    runtime/             load -> CompiledGraph (compiled.py); kernel modules (modules.py), launch,
+                         autotune (launch.py)
+
+Shared by every stage and target: index expressions (expr.py), dtype rules (dtypes.py), the
+reductions table (reduction_kinds.py).
 
 ``AOTFORGE_LOG=graphs,ir,output_code,compile_time`` prints each stage; ``AOTFORGE_DUMP_DIR=dir``
 writes them, numbered in the order they were made.

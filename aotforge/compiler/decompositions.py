@@ -36,13 +36,9 @@ def _table() -> dict:
     table = dict(core_aten_decompositions())
     extras = [getattr(aten, name) for name in EXTRA_DECOMPOSITIONS if hasattr(aten, name)]
     table.update(get_decompositions(extras))
-    for packet in op_table.kept_whole():  # cuBLAS, cuDNN, flash attention: run as externs
+    for packet in op_table.kept_whole():  # cuBLAS, cuDNN, attention: run as externs
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
-    # Core ATen decomposes the CPU flash-attention forward into math whose saved logsumexp
-    # the fused backward kernel does not accept (wrong input gradients): keep attention whole.
-    for op in [op for op in table if "scaled_dot_product" in str(op)]:
-        table.pop(op)
     return table
 
 

@@ -11,7 +11,8 @@ from typing import Any, Optional, Sequence
 
 import sympy
 
-from .ir import FloorDiv, ModularIndexing, ReductionBody, product, same_size, strided_index
+from .expr import FloorDiv, ModularIndexing
+from .ir import ReductionBody, product, same_size, strided_index
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)

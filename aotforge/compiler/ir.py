@@ -29,75 +29,17 @@ from typing import Any, Callable, Optional, Sequence
 import sympy
 import torch
 
-from .ops import ops
+from .body import Code, capture, replay
+from .dtypes import short_dtype
+from .expr import ModularIndexing
+from .ops import BodyPrinter, ops
+from .sizes import to_expr
 
 Expr = sympy.Expr
 
 
-# --- integer index arithmetic -------------------------------------------------------------
-
-class FloorDiv(sympy.Function):
-    """``a // b`` for non-negative integer index expressions."""
-
-    is_integer = True
-    nargs = (2,)
-
-    @classmethod
-    def eval(cls, base, divisor):
-        if divisor == 1:
-            return base
-        if base == 0:
-            return sympy.Integer(0)
-        if base.is_Integer and divisor.is_Integer:
-            return sympy.Integer(int(base) // int(divisor))
-        if isinstance(base, FloorDiv):  # (a // b) // c == a // (b*c)
-            return FloorDiv(base.args[0], base.args[1] * divisor)
-        # (c*k + r) // k == c + r // k when k divides c (k may be symbolic: s0*32)
-        if base.is_Add:
-            whole = [t for t in base.args if _divides(divisor, t)]
-            if whole:
-                rest = [t for t in base.args if not _divides(divisor, t)]
-                return sympy.Add(*[t / divisor for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
-        if base.is_Mul and _divides(divisor, base):
-            return base / divisor
-        return None
-
-
-def _divides(divisor: Expr, term: Expr) -> bool:
-    """Whether ``term / divisor`` is a product with integer coefficient (no division left)."""
-    if divisor.is_Integer:
-        coefficient = term.as_coeff_Mul()[0]
-        return coefficient.is_Integer and int(coefficient) % int(divisor) == 0
-    quotient = term / divisor
-    numerator, denominator = sympy.fraction(quotient)
-    return denominator == 1 and quotient.as_coeff_Mul()[0].is_Integer
-
-
-class ModularIndexing(sympy.Function):
-    """``(a // d) % m`` for non-negative integer index expressions."""
-
-    is_integer = True
-    nargs = (3,)
-
-    @classmethod
-    def eval(cls, base, divisor, modulus):
-        if modulus == 1 or base == 0:
-            return sympy.Integer(0)
-        if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
-            return sympy.Integer((int(base) // int(divisor)) % int(modulus))
-        # whole multiples of divisor*modulus never change the result
-        if base.is_Add:
-            period = divisor * modulus
-            kept = [t for t in base.args if not _divides(period, t)]
-            if len(kept) < len(base.args):
-                return ModularIndexing(sympy.Add(*kept), divisor, modulus)
-        return None
-
-
 def sympify_size(values: Sequence[Any]) -> list[Expr]:
     """Sizes as sympy expressions (a ``SymInt`` becomes its expression, never its value)."""
-    from .sizes import to_expr
-
     return [v if isinstance(v, sympy.Expr) else to_expr(v) if isinstance(v, torch.SymInt) else sympy.Integer(int(v))
             for v in values]
 
@@ -142,6 +84,11 @@ def unflatten_index(flat: Expr, size: Sequence[Expr]) -> list[Expr]:
 
 def index_symbols(prefix: str, count: int) -> list[sympy.Symbol]:
     return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(count)]
+
+
+@functools.lru_cache(maxsize=None)
+def _symbols(prefix: str, count: int) -> tuple:
+    return tuple(index_symbols(prefix, count))
 
 
 # --- buffers -----------------------------------------------------------------------------
@@ -211,19 +158,45 @@ class ExternCall:
 
 # --- bodies of computed buffers ------------------------------------------------------------
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PointwiseBody:
-    ranges: list[Expr]
-    fn: Callable[[list[Expr]], Any]  # index -> ops value; the value is stored at the layout
+    """``code`` computes the element at index ``(i0, i1, ...)`` over ``ranges``; the value is
+    stored at the buffer's layout."""
+
+    ranges: tuple
+    code: Code
+
+    @staticmethod
+    def capture(ranges: Sequence[Expr], fn: Callable[[list[Expr]], Any]) -> "PointwiseBody":
+        """The body of ``fn`` (index -> ops value), captured once (see body.py)."""
+        return PointwiseBody(tuple(ranges), capture(fn, index_symbols("i", len(ranges))))
+
+    def walk(self, handler: Any, index: Sequence[Expr], rindex: Sequence[Expr] = ()) -> Any:
+        """The body through ``handler``, at ``index`` (expressions in the handler's variables)."""
+        return replay(self.code, handler, dict(zip(_symbols("i", len(self.ranges)), index)))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ReductionBody:
-    ranges: list[Expr]  # kept dimensions (the buffer's size)
-    reduction_ranges: list[Expr]
-    reduction_type: str  # sum, prod, max, min, argmax, argmin, any, all
-    fn: Callable[[list[Expr], list[Expr]], Any]
+    """``code`` computes the value at ``(i0, ... | r0, ...)`` that is reduced over the
+    ``reduction_ranges`` for each index of ``ranges``."""
+
+    ranges: tuple  # kept dimensions (the buffer's size)
+    reduction_ranges: tuple
+    reduction_type: str  # a kind of reduction_kinds.REDUCTIONS
+    code: Code
     source_dtype: torch.dtype  # dtype of the reduced values (accumulation type follows it)
+
+    @staticmethod
+    def capture(ranges: Sequence[Expr], reduction_ranges: Sequence[Expr], reduction_type: str,
+                fn: Callable[[list[Expr], list[Expr]], Any], source_dtype: torch.dtype) -> "ReductionBody":
+        code = capture(fn, index_symbols("i", len(ranges)), index_symbols("r", len(reduction_ranges)))
+        return ReductionBody(tuple(ranges), tuple(reduction_ranges), reduction_type, code, source_dtype)
+
+    def walk(self, handler: Any, index: Sequence[Expr], rindex: Sequence[Expr] = ()) -> Any:
+        mapping = dict(zip(_symbols("i", len(self.ranges)), index))
+        mapping.update(zip(_symbols("r", len(self.reduction_ranges)), rindex))
+        return replay(self.code, handler, mapping)
 
 
 Body = Any  # PointwiseBody | ReductionBody
@@ -315,7 +288,7 @@ def ceil_pow2(n: int) -> int:
 
 # --- the lowered graph: what the lowering stage hands the scheduler ---------------------------
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class LoweredGraph:
     """A graph in loop IR: its inputs, its operations in program order (``ComputedBuffer``s
     and ``ExternCall``s) and its outputs. Printed, each computed buffer shows its body::
@@ -323,6 +296,9 @@ class LoweredGraph:
         buf0: f32[16] = sum over [64] of (i0 | r0):
             t0 = load(arg0_1, r0 + 64*i0)
             -> t0
+
+    Graphs compare (and hash) by what they compute: ``key`` is every buffer, body, call and
+    output as plain values (constants by identity); the lowering's statistics are left out.
     """
 
     inputs: tuple  # InputBuffer | None (a non-tensor input), per graph input
@@ -334,6 +310,21 @@ class LoweredGraph:
     fallback_ops: dict  # op name -> count of nodes run as ATen calls
     lowering_errors: tuple  # lowerings that failed (a bug; the op ran through ATen)
     sizes: Any = None  # sizes.SizeVars: the symbols of symbolic sizes, their sources and hints
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        sizes = self.sizes
+        return (tuple(_buffer_key(b) for b in self.inputs),
+                tuple((_buffer_key(b), id(self.constants[name])) for name, b in self.constant_buffers.items()),
+                tuple(_operation_key(op) for op in self.operations),
+                _plain(self.outputs),
+                (tuple(sizes.sources.items()), tuple(sorted(sizes.hints.items()))) if sizes is not None else None)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, LoweredGraph) and (self is other or self.key == other.key)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
 
     def buffers(self) -> dict[str, Buffer]:
         """Every named buffer the program holds: inputs, constants, computed and extern outputs."""
@@ -355,15 +346,6 @@ class LoweredGraph:
         shown = [describe_value(v) for v in self.outputs]
         lines.append(f"return ({', '.join(shown)})")
         return "\n".join(lines) + "\n"
-
-
-_SHORT_DTYPE = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
-                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
-                torch.uint8: "u8", torch.bool: "b8"}
-
-
-def short_dtype(dtype: torch.dtype) -> str:
-    return _SHORT_DTYPE.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def _ints_text(values: Sequence[Any]) -> str:
@@ -388,10 +370,43 @@ def describe_value(value: Any) -> str:
     return repr(value)
 
 
+def _buffer_key(buffer: Optional[Buffer]) -> Any:
+    if buffer is None:
+        return None
+    layout = buffer.layout
+    return (type(buffer).__name__, buffer.name, buffer.dtype, str(buffer.device),
+            tuple(layout.size), tuple(layout.stride), layout.offset)
+
+
+def _operation_key(op: Any) -> tuple:
+    if isinstance(op, ExternCall):
+        return ("extern", op.name, _plain(op.op), _plain(op.args), _plain(op.kwargs),
+                tuple(_buffer_key(o) for o in op.outputs), op.single_output)
+    mutates = op.mutates.name if op.mutates is not None else None
+    return ("computed", _buffer_key(op), op.body, mutates)
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` (an argument or output of the graph) as a hashable value."""
+    if isinstance(obj, StorageView):
+        return ("view", obj.buffer.name, tuple(obj.size), tuple(obj.stride), obj.offset)
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__,) + tuple(_plain(o) for o in obj)
+    if isinstance(obj, dict):
+        return ("dict",) + tuple((k, _plain(v)) for k, v in obj.items())
+    if isinstance(obj, torch.device):
+        return ("device", str(obj))
+    if isinstance(obj, (bool, int, float)):  # 1, 1.0 and True promote differently
+        return (type(obj).__name__, obj)
+    try:
+        hash(obj)
+    except TypeError:
+        return ("object", id(obj))
+    return obj
+
+
 def describe_operation(op: Any) -> list[str]:
     """The lines that print one operation of a ``LoweredGraph``."""
-    from .ops import BodyPrinter, use_handler
-
     if isinstance(op, ExternCall):
         target = str(op.op) if isinstance(op.op, torch._ops.OpOverload) else getattr(op.op, "__name__", str(op.op))
         arguments = [describe_value(a) for a in op.args] + [f"{k}={describe_value(v)}" for k, v in op.kwargs.items()]
@@ -399,14 +414,12 @@ def describe_operation(op: Any) -> list[str]:
         return [f"{op.name} = {target}({', '.join(arguments)}) -> {results}"]
     body, printer = op.body, BodyPrinter()
     index = index_symbols("i", len(body.ranges))
-    with use_handler(printer):
-        if isinstance(body, ReductionBody):
-            reduction_index = index_symbols("r", len(body.reduction_ranges))
-            result = body.fn(index, reduction_index)
-            head = (f"{body.reduction_type} over {_ints_text(body.reduction_ranges)} of "
-                    f"({', '.join(map(str, index))} | {', '.join(map(str, reduction_index))})")
-        else:
-            result = body.fn(index)
-            head = f"pointwise over {_ints_text(body.ranges)} ({', '.join(map(str, index))})"
+    result = replay(body.code, printer, {})  # the record's own symbols: i0, ..., r0, ...
+    if isinstance(body, ReductionBody):
+        reduction_index = index_symbols("r", len(body.reduction_ranges))
+        head = (f"{body.reduction_type} over {_ints_text(body.reduction_ranges)} of "
+                f"({', '.join(map(str, index))} | {', '.join(map(str, reduction_index))})")
+    else:
+        head = f"pointwise over {_ints_text(body.ranges)} ({', '.join(map(str, index))})"
     target = describe_buffer(op) if op.mutates is None else f"{op.name} (written in place): {describe_buffer(op)}"
     return [f"{target} = {head}:"] + ["    " + line for line in printer.lines] + [f"    -> {result}"]

@@ -1,15 +1,45 @@
 """``ops``: the instruction set that loop bodies are written in.
 
-A body is a Python function of a symbolic index that calls ``ops.load``, ``ops.add``,
-``ops.exp``, ... . What those calls do depends on the handler installed while the body runs:
-the read analysis records which buffers are loaded at which index, the Triton code generator
-emits one line of kernel code per call. Lowerings never know which handler is active.
+A lowering writes a body as a Python function of a symbolic index that calls ``ops.load``,
+``ops.add``, ``ops.exp``, ... ; it runs once, under the capturing handler, into a record
+(body.py). Every later stage replays the record through its own handler: the read analysis
+records which buffers are loaded at which index, the printer writes numbered lines, the
+kernel builder emits one line of kernel code per call. Lowerings never know which handler is
+active.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
 from typing import Any, Iterator
+
+# --- the instruction set ---------------------------------------------------------------------
+#
+# Every instruction a body may use, with its operands and the dtype of its result. A body is
+# captured into a record of these (body.py); every handler (read analysis, printer, each code
+# generator) implements all of them.
+
+# structure: memory, conversions, index arithmetic, control
+STRUCTURE = {
+    "load": "(buffer name, index) -> the buffer's dtype (half types: held as float32)",
+    "constant": "(number, dtype) -> dtype",
+    "to_dtype": "(value, dtype, source dtype) -> dtype",
+    "index_expr": "(index expression, dtype) -> dtype",
+    "indirect_indexing": "(value, size, check) -> an index symbol (a negative value counts from size)",
+    "masked": "(mask, body, other) -> the body's value where mask holds, other elsewhere; loads in the body are masked",
+    "where": "(condition, a, b) -> a's dtype",
+}
+# elementwise math whose result has its (first) operand's dtype
+ARITHMETIC = frozenset("""
+    add sub rsub mul truediv neg abs maximum minimum relu reciprocal floordiv truncdiv remainder fmod
+    pow atan2 copysign hypot fmax fmin sign floor ceil trunc round bitwise_and bitwise_or bitwise_xor
+    bitwise_not exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh
+    tanh asinh acosh atanh erf erfc erfinv sigmoid lgamma philox_bits""".split())
+# comparisons and tests: a bool result
+PREDICATES = frozenset("""
+    eq ne lt le gt ge logical_and logical_or logical_xor logical_not isnan isinf signbit""".split())
+
+INSTRUCTIONS = frozenset(STRUCTURE) | ARITHMETIC | PREDICATES
 
 _state = threading.local()
 

@@ -27,9 +27,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .. import debug
+from ..aot import aot_module_simplified
 from ..config import config
+from ..partition import min_cut_rematerialization_partition
 from . import aot_cache, passes
-from .codegen.triton import emit_kernels
+from .codegen.kernel import emit_kernels
+from .codegen.triton import TritonPrinter
 from .codegen.wrapper import emit_wrapper
 from .decompositions import select_decomposition_table
 from .lowering import lower
@@ -126,10 +129,26 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 compile_fx_inner.aot_cacheable = True  # type: ignore[attr-defined]
 
 
+# The code generator of each device: the printer that spells its kernels (codegen) and the
+# loader that makes them callable (runtime). Triton serves CUDA, and the CPU under
+# ``config.triton_on_cpu``; a target is a printer and a loader, nothing else.
+TARGETS: dict[str, tuple[Callable, Callable]] = {
+    "cuda": (TritonPrinter, runtime.triton_launcher),
+    "cpu": (TritonPrinter, runtime.triton_launcher),
+}
+
+
+def _target(gm: fx.GraphModule) -> tuple[Any, Callable]:
+    devices = {n.meta["val"].device.type for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    make_printer, launcher = TARGETS["cuda" if "cuda" in devices else "cpu"]
+    return make_printer(), launcher
+
+
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
     """The stages from the post-grad graph to the loaded program."""
     with clock("post_grad_passes"):
         gm = passes.library_call_passes(gm, kind)              # padded matmuls, scatter-add accumulation
+    printer, launcher = _target(gm)
     with clock("lower"):
         lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
@@ -138,12 +157,14 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
         plan = fuse(lowered, reads)                        # KernelPlan: kernels and extern calls
         memory = plan_memory(lowered, plan, reads)         # MemoryPlan: allocations, reuse, frees
     debug.artifact("ir", f"{kind}_kernel_plan", str(plan), ".txt")
+    if plan.refusals:
+        debug.artifact("ir", f"{kind}_fusion_refusals", plan.describe_refusals(), ".txt")
     debug.artifact("ir", f"{kind}_memory_plan", str(memory), ".txt")
     with clock("codegen"):
-        kernels = emit_kernels(lowered, plan, reads)       # KernelSource per kernel group
+        kernels = emit_kernels(lowered, plan, reads, printer)  # KernelSource per kernel group
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
-                            run_aten_graph=_run_fx(gm))
+                            run_aten_graph=_run_fx(gm), launcher=launcher)
     _log_output_code(compiled)
     return compiled
 
@@ -274,63 +295,51 @@ def _take_aot_timings(kind: str, aot: Optional[dict]) -> dict[str, float]:
     return timings
 
 
-def _partitioner(aot_timings: dict) -> Callable:
-    import aotforge.partition as partition
-
-    chosen = getattr(partition, "min_cut_rematerialization_partition", None) or partition.default_partition
+def partitioner(aot_timings: Optional[dict] = None) -> Callable:
+    """The backend's partitioner: the joint-graph passes, then min-cut rematerialization.
+    ``aot_timings`` (when given) adds up the seconds spent, under ``"partition"``."""
+    timings = {} if aot_timings is None else aot_timings
 
     def partition_with_joint_passes(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
         started = time.perf_counter()
         try:
             joint = passes.joint_graph_passes(joint)
-            return chosen(joint, joint_inputs, **kwargs)
+            return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         finally:
-            aot_timings["partition"] = aot_timings.get("partition", 0.0) + time.perf_counter() - started
+            timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - started
     return partition_with_joint_passes
 
 
-def _patched(compiler: Callable, config_patches: dict) -> Callable:
-    """``compiler`` run under ``config_patches``: the backward graph compiles lazily, long after
-    ``compile_fx`` returned, and must see the same options as the forward."""
-    def compile_patched(*args: Any, **kwargs: Any) -> Callable:
+def _patched(fn: Callable, config_patches: dict) -> Callable:
+    """``fn`` run under ``config_patches``: the backward graph compiles lazily, long after
+    ``compile_fx`` returned, and the compiled graphs run later still; both must see the
+    options the compile was asked for."""
+    if not config_patches:
+        return fn
+
+    def run_patched(*args: Any, **kwargs: Any) -> Any:
         with config.patch(**config_patches):
-            return compiler(*args, **kwargs)
-    compile_patched.aot_cacheable = getattr(compiler, "aot_cacheable", False)  # type: ignore[attr-defined]
-    return compile_patched
+            return fn(*args, **kwargs)
+    run_patched.aot_cacheable = getattr(fn, "aot_cacheable", False)  # type: ignore[attr-defined]
+    return run_patched
 
 
 def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
                inner_compile: Callable = compile_fx_inner, config_patches: Optional[dict] = None,
                decompositions: Optional[dict] = None) -> Callable:
-    """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend."""
-    if config_patches:
-        with config.patch(**config_patches):  # unknown options fail here, at once
-            pass
-        inner_compile = _patched(inner_compile, config_patches)
-        with config.patch(**config_patches):
-            compiled = compile_fx(model, example_inputs, inner_compile, None, decompositions)
+    """Compile a Dynamo FX graph (torch-level) end to end; the torch.compile backend. The
+    input is normalized first (``_normalize``: each step gives a simpler model and how to call
+    what compiling it returns), then traced by AOT autograd with ``inner_compile`` per graph.
+    ``config_patches`` apply to all of it, in one place: the compile, the lazily compiled
+    backward and every call."""
+    config_patches = dict(config_patches or {})
+    with config.patch(**config_patches):  # unknown options fail here, at once
+        model, example_inputs, adapt = _normalize(model, list(example_inputs))
+        compiled = _compile_aot(model, example_inputs, _patched(inner_compile, config_patches), decompositions)
+    return _patched(adapt(compiled), config_patches)
 
-        def run_patched(*args: Any) -> Any:
-            with config.patch(**config_patches):
-                return compiled(*args)
-        return run_patched
 
-    if isinstance(model, fx.GraphModule) and isinstance(model.graph._codegen, fx.graph._PyTreeCodeGen):
-        return _compile_pytree_codegen(model, example_inputs, inner_compile, decompositions)
-
-    if any(isinstance(x, (list, tuple)) for x in example_inputs):
-        return _compile_flattened_inputs(model, example_inputs, inner_compile, decompositions)
-
-    if isinstance(model, fx.GraphModule) and not _returns_tuple(model):
-        model = _make_output_tuple(model)
-        compiled = compile_fx(model, example_inputs, inner_compile, None, decompositions)
-        return lambda *args: compiled(*args)[0]
-
-    if isinstance(model, fx.GraphModule):
-        model = passes.pre_grad_passes(model)
-
-    from ..aot import aot_module_simplified
-
+def _compile_aot(model: Any, example_inputs: list, inner_compile: Callable, decompositions: Optional[dict]) -> Callable:
     # the whole AOT compile from disk, when this Dynamo graph was compiled by an earlier process
     cache, hit = aot_cache.lookup(model, example_inputs, inner_compile, _boxed) if decompositions is None \
         else (None, None)
@@ -345,11 +354,37 @@ def compile_fx(model: fx.GraphModule, example_inputs: Sequence[Any],
     with graph_cache.capture() as graph_keys:  # the compiled-graph entries the AOT entry refers to
         compiled = aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
                                          inference_compiler=inference, decompositions=table,
-                                         partition_fn=_partitioner(aot_timings), keep_inference_input_mutations=True,
+                                         partition_fn=partitioner(aot_timings), keep_inference_input_mutations=True,
                                          # both graphs' kernels go to the compile pool at once
                                          compile_backward_now=True)
     aot_cache.store(cache, compiled, graph_keys)
     return compiled
+
+
+# --- input normalization: steps from what Dynamo hands us to a flat graph of tuple outputs ----
+
+def _normalize(model: Any, example_inputs: list) -> tuple[Any, list, Callable[[Callable], Callable]]:
+    """Apply the normalization steps in order. Each step returns the new model and inputs and
+    how to adapt the compiled new model to the old one's calling convention; ``adapt`` applies
+    them all, innermost first."""
+    adapters: list[Callable] = []
+    if isinstance(model, fx.GraphModule) and isinstance(model.graph._codegen, fx.graph._PyTreeCodeGen):
+        model, example_inputs, adapter = _flat_pytree_codegen(model, example_inputs)
+        adapters.append(adapter)
+    if any(isinstance(x, (list, tuple)) for x in example_inputs):
+        model, example_inputs, adapter = _flattened_inputs(model, example_inputs)
+        adapters.append(adapter)
+    if isinstance(model, fx.GraphModule) and not _returns_tuple(model):
+        model = _make_output_tuple(model)
+        adapters.append(lambda compiled: lambda *args: compiled(*args)[0])
+    if isinstance(model, fx.GraphModule):
+        model = passes.pre_grad_passes(model)
+
+    def adapt(compiled: Callable) -> Callable:
+        for adapter in reversed(adapters):
+            compiled = adapter(compiled)
+        return compiled
+    return model, example_inputs, adapt
 
 
 def _returns_tuple(gm: fx.GraphModule) -> bool:
@@ -364,22 +399,23 @@ def _make_output_tuple(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _compile_pytree_codegen(model: fx.GraphModule, example_inputs, inner_compile, decompositions) -> Callable:
-    """Graphs from ``torch._dynamo.export`` take and return pytrees; compile the flat graph
-    inside and (un)flatten around it."""
+def _flat_pytree_codegen(model: fx.GraphModule, example_inputs: list) -> tuple:
+    """Graphs from ``torch._dynamo.export`` take and return pytrees: the flat graph inside,
+    (un)flattened around it."""
     codegen = model.graph._codegen
     in_spec, out_spec = codegen.pytree_info.in_spec, codegen.pytree_info.out_spec
     model.graph._codegen = fx.graph.CodeGen()
     model.recompile()
     flat_inputs = pytree.arg_tree_leaves(*example_inputs) if in_spec is not None else list(example_inputs)
-    compiled = compile_fx(model, flat_inputs, inner_compile, None, decompositions)
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        flat = pytree.arg_tree_leaves(*args, **kwargs) if in_spec is not None else list(args)
-        out = compiled(*flat)
-        return pytree.tree_unflatten(list(out) if isinstance(out, (list, tuple)) else [out], out_spec) \
-            if out_spec is not None else out
-    return run
+    def adapt(compiled: Callable) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            flat = pytree.arg_tree_leaves(*args, **kwargs) if in_spec is not None else list(args)
+            out = compiled(*flat)
+            return pytree.tree_unflatten(list(out) if isinstance(out, (list, tuple)) else [out], out_spec) \
+                if out_spec is not None else out
+        return run
+    return model, list(flat_inputs), adapt
 
 
 class _FlatInputs(torch.nn.Module):
@@ -391,11 +427,10 @@ class _FlatInputs(torch.nn.Module):
         return self.model(*pytree.tree_unflatten(list(flat), self.spec))
 
 
-def _compile_flattened_inputs(model, example_inputs, inner_compile, decompositions) -> Callable:
+def _flattened_inputs(model: Any, example_inputs: list) -> tuple:
+    """Inputs that are lists or tuples of tensors: a module over their leaves."""
     flat, spec = pytree.tree_flatten(list(example_inputs))
-    flat_model = _FlatInputs(model, spec)
-    compiled = compile_fx(flat_model, flat, inner_compile, None, decompositions)
 
-    def run(*args: Any) -> Any:
-        return compiled(*pytree.tree_flatten(list(args))[0])
-    return run
+    def adapt(compiled: Callable) -> Callable:
+        return lambda *args: compiled(*pytree.tree_flatten(list(args))[0])
+    return _FlatInputs(model, spec), flat, adapt

@@ -30,7 +30,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from .ir import FloorDiv, ModularIndexing
+from .expr import FloorDiv, ModularIndexing
 
 
 class UnsupportedSize(Exception):

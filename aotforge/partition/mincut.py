@@ -473,3 +473,14 @@ def default_saved_bytes(joint: fx.GraphModule, joint_inputs, num_fwd_outputs: in
     """Saved bytes under the default partition, for the report's comparison."""
     fw_module, _ = default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
     return saved_bytes(_outputs(fw_module.graph)[num_fwd_outputs:])
+
+
+def explain_partition(
+    joint_module: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **kwargs
+) -> str:
+    """Partition ``joint_module`` with min-cut and return the report (for ``aotforge.explain``)."""
+    fw_module, _ = min_cut_rematerialization_partition(
+        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
+    )
+    default_bytes = default_saved_bytes(joint_module, joint_inputs, num_fwd_outputs)
+    return format_report(fw_module.meta["partition"], default_bytes)

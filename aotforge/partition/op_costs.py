@@ -62,7 +62,7 @@ def op_kind(node: fx.Node) -> str:
 
 
 def is_view(node: fx.Node) -> bool:
-    return node.op == "call_function" and op_table.kind(node.target) == VIEW
+    return node.op == "call_function" and op_table.is_view(node.target)
 
 
 def view_base(node: fx.Node) -> fx.Node:

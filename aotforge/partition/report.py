@@ -127,15 +127,3 @@ def format_report(summary: PartitionSummary, default_bytes: int | None = None) -
     lines.append(f"activation memory budget: {summary.budget}")
     return "\n".join(lines) + "\n"
 
-
-def explain_partition(
-    joint_module: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **kwargs
-) -> str:
-    """Partition ``joint_module`` with min-cut and return the report (for ``aotforge.explain``)."""
-    from .mincut import default_saved_bytes, min_cut_rematerialization_partition
-
-    fw_module, _ = min_cut_rematerialization_partition(
-        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
-    )
-    default_bytes = default_saved_bytes(joint_module, joint_inputs, num_fwd_outputs)
-    return format_report(fw_module.meta["partition"], default_bytes)

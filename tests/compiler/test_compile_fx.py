@@ -69,9 +69,10 @@ def test_config_patches_apply_to_a_backward_compiled_lazily_in_another_thread(mo
     compiles after compile_fx returned, possibly in autograd's device thread: the patches
     must reach it there."""
     import aotforge.aot
+    from aotforge.compiler import pipeline
 
     simplified = aotforge.aot.aot_module_simplified
-    monkeypatch.setattr(aotforge.aot, "aot_module_simplified",
+    monkeypatch.setattr(pipeline, "aot_module_simplified",
                         lambda *args, **kwargs: simplified(*args, **dict(kwargs, compile_backward_now=False)))
     gm = torch.fx.symbolic_trace(lambda x: (x.exp() * x,))
     x = torch.randn(4, dtype=torch.float64, requires_grad=True)
@@ -139,3 +140,21 @@ def test_backend_registered_with_torch_compile():
         out.backward()
     torch.testing.assert_close(x.grad, x.sin() + x * x.cos())
     assert [(g.kind, g.path) for g in graphs] == [("forward", "triton"), ("backward", "triton")]
+
+
+def test_the_backends_partitioner_serves_aot_function_without_arguments():
+    """benchmarks/gpu_compiler.py builds aot_function with the backend's partitioner."""
+    from aotforge.aot.boxing import nop
+    from aotforge.compiler.pipeline import partitioner
+
+    def fn(x, w):
+        return (torch.tanh(x @ w) * x.sum()).exp().sum(0)
+
+    x = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    compiled = aotforge.aot_function(fn, fw_compiler=nop, bw_compiler=nop, partition_fn=partitioner())
+    out = compiled(x, w)
+    out.sum().backward()
+    expected_x, expected_w = torch.autograd.grad(fn(x, w).sum(), (x, w))
+    torch.testing.assert_close(out, fn(x, w))
+    torch.testing.assert_close((x.grad, w.grad), (expected_x, expected_w))

@@ -66,6 +66,13 @@ PREDICATES: dict[str, Spelling] = {
     "signbit": _float_or_int("libdevice.signbit({0}) != 0", "{0} < 0"),
 }
 
+# reductions (reduction_kinds.py), by their combine instruction: the helper that folds a
+# row (``tl.reduce``), one step of a looped accumulator, and argmax/argmin's "replaces the best"
+COMBINE_FUNCTION = {"add": "_sum_combine", "mul": "_product", "maximum": "_max_combine", "minimum": "_min_combine"}
+ACCUMULATE = {"add": "{a} + {v}", "mul": "{a} * {v}", "maximum": "_max_combine({a}, {v})",
+              "minimum": "_min_combine({a}, {v})"}
+BEATS = {"maximum": "_beats_for_max", "minimum": "_beats_for_min"}
+
 # helpers every kernel module defines: Python's floor semantics for integer // and %, and the
 # reductions' combine functions (tl.sum & co. are @jit functions of triton.language, which the
 # interpreter cannot call if triton.language was imported before TRITON_INTERPRET was set)

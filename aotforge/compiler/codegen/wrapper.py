@@ -25,7 +25,7 @@ import sympy
 
 from ..ir import ComputedBuffer, ExternCall, LoweredGraph, StorageView, same_size
 from ..schedule import KernelGroup, KernelPlan, MemoryPlan
-from .triton import KernelSource, texpr
+from .kernel import KernelSource, texpr
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from ... import debug
 from .. import ir
 from ..ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Layout, Pointwise,
                   PointwiseBody, ReductionBody, StorageView, Value)
+from ..dtypes import KERNEL_DTYPES
 from ..ops import ReadRecorder, use_handler
 from ..sizes import STATIC, SizeVars, to_expr
 from .registry import LOWERINGS, LoweringContext, NotLowerable
@@ -90,7 +91,7 @@ class GraphLowering:
         else:
             stride = ir.contiguous_strides(size)
         buffer = ComputedBuffer(self.new_buffer_name(), Layout(list(size), stride), value.dtype, value.device,
-                                PointwiseBody(list(size), value.make_loader()))
+                                PointwiseBody.capture(size, value.make_loader()))
         self.operations.append(buffer)
         return buffer.view()
 
@@ -105,7 +106,7 @@ class GraphLowering:
         def body(index):
             return loader([index[position[d]] for d in range(len(size))])
         buffer = ComputedBuffer(self.new_buffer_name(), Layout(permuted, ir.contiguous_strides(permuted)),
-                                value.dtype, value.device, PointwiseBody(permuted, body))
+                                value.dtype, value.device, PointwiseBody.capture(permuted, body))
         self.operations.append(buffer)
         strides = buffer.layout.stride
         return StorageView(buffer, list(size), [strides[position[d]] for d in range(len(size))])
@@ -113,14 +114,14 @@ class GraphLowering:
     def add_reduction(self, ranges, reduction_ranges, reduction_type, fn, source_dtype, out_dtype, device) -> StorageView:
         buffer = ComputedBuffer(self.new_buffer_name(), Layout(list(ranges), ir.contiguous_strides(ranges)),
                                 out_dtype, device,
-                                ReductionBody(list(ranges), list(reduction_ranges), reduction_type, fn, source_dtype))
+                                ReductionBody.capture(ranges, reduction_ranges, reduction_type, fn, source_dtype))
         self.operations.append(buffer)
         return buffer.view()
 
     def add_mutation(self, destination: StorageView, value: Value) -> None:
         layout = Layout(list(destination.size), list(destination.stride), destination.offset)
         buffer = ComputedBuffer(destination.buffer.name, layout, destination.dtype, destination.device,
-                                PointwiseBody(list(destination.size), value.make_loader()),
+                                PointwiseBody.capture(destination.size, value.make_loader()),
                                 mutates=destination.buffer)
         self.operations.append(buffer)
 
@@ -276,12 +277,10 @@ class GraphLowering:
 def _kernel_dtypes_only(node: fx.Node) -> bool:
     """Generated kernels handle real floating, integer and bool dtypes; anything else (complex,
     float8, unsigned wider than 8 bits) runs through ATen."""
-    from ..codegen.triton_ops import TRITON_DTYPE
-
     values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
     for value in values:
         for leaf in (value if isinstance(value, (tuple, list)) else [value]):
-            if isinstance(leaf, torch.Tensor) and leaf.dtype not in TRITON_DTYPE:
+            if isinstance(leaf, torch.Tensor) and leaf.dtype not in KERNEL_DTYPES:
                 return False
     return True
 

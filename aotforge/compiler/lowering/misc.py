@@ -7,11 +7,13 @@ from typing import Any, Optional, Sequence
 import sympy
 import torch
 
-from ..ir import FloorDiv, Pointwise, StorageView, Value, same_size, static_int, sympify_size
+from ..dtypes import compute_dtype
+from ..expr import FloorDiv
+from ..ir import Pointwise, StorageView, Value, same_size, static_int, sympify_size
 from ..ops import ops
 from .pointwise import _cast
-from .registry import (LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype,
-                       normalize_dim, register, size_exprs, static, static_ints)
+from .registry import (LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, normalize_dim, register,
+                       size_exprs, static, static_ints)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -42,19 +44,22 @@ def scalar_tensor(ctx: LoweringContext, value: Any, **kwargs: Any) -> Value:
     return Pointwise([], dtype, _meta_device(ctx), lambda index: ops.constant(value, dtype))
 
 
-@register(aten.arange.start_step, aten.arange.default, aten.arange.start, prims.iota.default)
-def arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Value:
+@register(aten.arange.default)
+def arange_end(ctx: LoweringContext, end: Any, **options: Any) -> Value:
+    return arange(ctx, 0, end, 1)
+
+
+@register(prims.iota.default)
+def iota(ctx: LoweringContext, length: Any, *, start: Any, step: Any, **options: Any) -> Value:
+    return arange(ctx, start, None, step)
+
+
+@register(aten.arange.start, aten.arange.start_step)
+def arange(ctx: LoweringContext, start: Any, end: Any, step: Any = 1, **options: Any) -> Value:
     """``start + step * i``; the length comes from the node's value. ``start`` and ``step`` are
     read by the overload's schema (either may be a symbolic size: ``arange(n - 1, -1, -1)``)."""
     dtype = ctx.result_dtype()
     length = sympify_size(ctx.value.shape)[0]
-    if ctx.op is prims.iota.default:
-        start, step = kwargs["start"], kwargs["step"]
-    elif ctx.op is aten.arange.default:
-        start, step = 0, 1
-    else:
-        start = args[0] if args else kwargs.get("start", 0)
-        step = (args[2] if len(args) > 2 else kwargs.get("step", 1)) if ctx.op is aten.arange.start_step else 1
     if isinstance(step, sympy.Expr) and not step.is_Number:
         raise NotLowerable("arange with a symbolic step")
     compute = compute_dtype(dtype)

@@ -5,10 +5,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..dtypes import compute_dtype
 from ..ir import Pointwise, StorageView, Value, same_size, sympify_size
 from ..ops import ops
-from .registry import (LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, compute_dtype,
-                       promoted_dtype, register)
+from .registry import LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, promoted_dtype, register
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -86,10 +86,10 @@ for _op, (_name, _kind) in POINTWISE_TABLE.items():
     register(_op)(make_pointwise(_name, _kind))
 
 
-@register(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
-def add_or_sub(ctx: LoweringContext, a: Any, b: Any, alpha: Any = 1) -> Value:
+@register(aten.add.Tensor, aten.add.Scalar, name="add")
+@register(aten.sub.Tensor, aten.sub.Scalar, name="sub")
+def add_or_sub(ctx: LoweringContext, a: Any, b: Any, alpha: Any = 1, *, name: str) -> Value:
     """``a + alpha * b``: alpha folds into the second operand."""
-    name = "add" if "add" in str(ctx.op) else "sub"
     if alpha != 1:
         b = make_pointwise("mul")(ctx, b, alpha)
     return make_pointwise(name)(ctx, a, b)
@@ -159,11 +159,13 @@ def where(ctx: LoweringContext, condition: Any, a: Any, b: Any) -> Value:
                      lambda index: ops.where(load_condition(index), load_a(index), load_b(index)))
 
 
-@register(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
-          aten.clamp_min.Tensor, aten.clamp_max.Tensor)
+@register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(ctx: LoweringContext, x: Value, high: Any) -> Value:
+    return clamp(ctx, x, None, high)
+
+
+@register(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp(ctx: LoweringContext, x: Value, low: Any = None, high: Any = None) -> Value:
-    if ctx.op in (aten.clamp_max.default, aten.clamp_max.Tensor):
-        low, high = None, low
     result = ctx.result_dtype(x.dtype)
     if isinstance(low, Value) or isinstance(high, Value):
         out = x

@@ -9,9 +9,15 @@ import sympy
 import torch
 
 from ...config import config
-from ..ir import FloorDiv, Pointwise, StorageView, Value, contiguous_strides, product, static_int
+from ..dtypes import compute_dtype
+from ..expr import FloorDiv
+from ..ir import Pointwise, StorageView, Value, contiguous_strides, product, static_int
+from ..indexing import split_flat
 from ..ops import ops
-from .registry import LoweringContext, NotLowerable, compute_dtype, normalize_dim, register
+from ..reduction_kinds import REDUCTIONS
+from .pointwise import _cast as cast_value
+from .registry import LoweringContext, NotLowerable, normalize_dim, register
+from .views import squeeze
 
 aten = torch.ops.aten
 
@@ -58,26 +64,18 @@ def reduce(ctx: LoweringContext, x: Value, dims: Optional[Sequence[int]], keepdi
     return out
 
 
-# combining partial results of a split reduction: how each kind folds its partials
-SPLIT_COMBINE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min"}
-
-
 def _split_count(numel: int, rnumel: int, reduction_type: str, exact: bool = True) -> int:
     """How many pieces to cut each reduction into. A few long reductions (the column sums of
     a layer norm's backward: 4096 outputs over 16384 rows each) leave most of a GPU idle; cut
     into pieces they become many short reductions plus a small second pass. ``exact``: the
     pieces must divide the reduced length (static sizes; symbolic ones mask the last piece)."""
-    if reduction_type not in SPLIT_COMBINE or rnumel < config.split_reduction_threshold or numel >= 16384:
+    if not REDUCTIONS[reduction_type].splittable or rnumel < config.split_reduction_threshold or numel >= 16384:
         return 1
     target = min(128, rnumel // 256, max(1, 65536 // max(numel, 1)))
     splits = 1
     while splits * 2 <= target and (not exact or rnumel % (splits * 2) == 0):
         splits *= 2
     return splits
-
-
-# what a masked-off element of a piece contributes
-SPLIT_IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
 
 
 def _split_reduction(graph: Any, ranges, reduction_ranges, reduction_type, value_at, source_dtype, out_dtype, device,
@@ -95,22 +93,16 @@ def _split_reduction(graph: Any, ranges, reduction_ranges, reduction_type, value
     def partial_value(index, rindex):
         flat = index[0] * piece + rindex[0]
         if exact:
-            return value_at(index[1:], _unflatten(flat, reduction_ranges))
+            return value_at(index[1:], split_flat(flat, reduction_ranges))
         inside = ops.lt(ops.index_expr(flat, torch.int64), ops.index_expr(rnumel, torch.int64))
-        value = ops.masked(inside, lambda: value_at(index[1:], _unflatten(flat, reduction_ranges)),
-                           SPLIT_IDENTITY[reduction_type])
+        value = ops.masked(inside, lambda: value_at(index[1:], split_flat(flat, reduction_ranges)),
+                           REDUCTIONS[reduction_type].identity_value(source_dtype))
         return value
     partial = graph.add_reduction([sympy.Integer(splits)] + list(ranges), [piece], reduction_type,
                                   partial_value, source_dtype, source_dtype, device)
     load = partial.make_loader()
-    return graph.add_reduction(list(ranges), [sympy.Integer(splits)], SPLIT_COMBINE[reduction_type],
+    return graph.add_reduction(list(ranges), [sympy.Integer(splits)], reduction_type,
                                lambda index, rindex: load([rindex[0]] + list(index)), source_dtype, out_dtype, device)
-
-
-def _unflatten(flat, size):
-    from ..indexing import split_flat
-
-    return split_flat(flat, size)
 
 
 def _reduce_single(x: Value, dims, kept, keepdim, reduction_type, out_dtype, source_dtype) -> Value:
@@ -120,7 +112,7 @@ def _reduce_single(x: Value, dims, kept, keepdim, reduction_type, out_dtype, sou
     load, source = x.make_loader(), x.dtype
 
     def fn(index):
-        if reduction_type.startswith("arg"):
+        if REDUCTIONS[reduction_type].returns_index:
             return ops.constant(0, out_dtype)
         full = list(index) if keepdim else [sympy.Integer(0)] * rank
         if not keepdim:
@@ -178,29 +170,29 @@ def _cast(value, dtype, source):
     return ops.to_dtype(value, dtype, source) if dtype != source else value
 
 
-@register(aten.amax.default, aten.amin.default)
-def amax_amin(ctx: LoweringContext, x: Value, dims: Any = (), keepdim: bool = False) -> Value:
-    kind = "max" if ctx.op is aten.amax.default else "min"
+@register(aten.amax.default, kind="max")
+@register(aten.amin.default, kind="min")
+def amax_amin(ctx: LoweringContext, x: Value, dims: Any = (), keepdim: bool = False, *, kind: str) -> Value:
     return reduce(ctx, x, _dims_arg(dims), keepdim, kind, x.dtype, compute_dtype(x.dtype))
 
 
-@register(aten.max.default, aten.min.default)
-def max_min_all(ctx: LoweringContext, x: Value) -> Value:
-    kind = "max" if ctx.op is aten.max.default else "min"
+@register(aten.max.default, kind="max")
+@register(aten.min.default, kind="min")
+def max_min_all(ctx: LoweringContext, x: Value, *, kind: str) -> Value:
     return reduce(ctx, x, None, False, kind, x.dtype, compute_dtype(x.dtype))
 
 
-@register(aten.max.dim, aten.min.dim)
-def max_min_dim(ctx: LoweringContext, x: Value, dim: int, keepdim: bool = False) -> tuple:
-    kind = "max" if ctx.op is aten.max.dim else "min"
+@register(aten.max.dim, kind="max")
+@register(aten.min.dim, kind="min")
+def max_min_dim(ctx: LoweringContext, x: Value, dim: int, keepdim: bool = False, *, kind: str) -> tuple:
     values = reduce(ctx, x, [dim], keepdim, kind, x.dtype, compute_dtype(x.dtype))
     indices = reduce(ctx, x, [dim], keepdim, "arg" + kind, torch.int64, compute_dtype(x.dtype))
     return values, indices
 
 
-@register(aten.argmax.default, aten.argmin.default)
-def argmax_argmin(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
-    kind = "argmax" if ctx.op is aten.argmax.default else "argmin"
+@register(aten.argmax.default, kind="argmax")
+@register(aten.argmin.default, kind="argmin")
+def argmax_argmin(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False, *, kind: str) -> Value:
     if x.dtype == torch.bool:
         raise NotLowerable("argmax/argmin of bool: eager has no kernel for it and raises")
     if dim is None and keepdim:
@@ -208,9 +200,9 @@ def argmax_argmin(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool
     return reduce(ctx, x, _dims_arg(dim), keepdim, kind, torch.int64, compute_dtype(x.dtype))
 
 
-@register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
-def any_all(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False) -> Value:
-    kind = "max" if "any" in str(ctx.op) else "min"
+@register(aten.any.default, aten.any.dim, aten.any.dims, kind="max")  # any: the max of 0/1
+@register(aten.all.default, aten.all.dim, aten.all.dims, kind="min")
+def any_all(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False, *, kind: str) -> Value:
     load, source = x.make_loader(), x.dtype
     truth = Pointwise(x.size, torch.bool, x.device,
                       lambda index: ops.ne(load(index), ops.constant(0, compute_dtype(source))))
@@ -226,8 +218,10 @@ def any_all(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = Fa
     return reduce(ctx, as_int, _dims_arg(dims), keepdim, kind, ctx.result_dtype(torch.bool), torch.int32)
 
 
-@register(aten.var.correction, aten.var_mean.correction)
-def var(ctx: LoweringContext, x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+@register(aten.var.correction, with_mean=False)
+@register(aten.var_mean.correction, with_mean=True)
+def var(ctx: LoweringContext, x: Value, dims: Any = None, *, correction: Any = None, keepdim: bool = False,
+        with_mean: bool) -> Any:
     """Two reductions over the same rows (mean, then squared deviations); the scheduler puts
     both in one kernel, so a row is read from memory once."""
     out = x.dtype
@@ -256,16 +250,12 @@ def var(ctx: LoweringContext, x: Value, dims: Any = None, *, correction: Any = N
     else:
         raise NotLowerable("a fractional correction over a symbolic count")
     variance = _divide(total, divisor, out)
-    if ctx.op is aten.var_mean.correction:
+    if with_mean:
         mean_out = average if keepdim else reduce_view_squeeze(ctx, average, dims)
-        from .pointwise import _cast as cast_value
-
         return variance, cast_value(mean_out, out)
     return variance
 
 
 def reduce_view_squeeze(ctx: LoweringContext, x: Value, dims: Sequence[int]) -> Value:
-    from .views import squeeze
-
     return squeeze(ctx, x, [normalize_dim(d, len(x.size)) for d in dims])
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import sympy
@@ -17,16 +18,19 @@ class NotLowerable(Exception):
     """Raised by a lowering for an input it does not handle; the op then runs as an extern."""
 
 
-def register(*ops_: Any) -> Callable[[Callable], Callable]:
-    """Register one lowering for several ATen overloads (packets register every overload)."""
+def register(*ops_: Any, **params: Any) -> Callable[[Callable], Callable]:
+    """Register one lowering for several ATen overloads (packets register every overload).
+    ``params`` are keyword arguments the table binds for these ops, so that one function
+    serves a family without asking which op it lowers (``register(aten.amax, kind="max")``)."""
 
     def decorate(fn: Callable) -> Callable:
+        entry = functools.partial(fn, **params) if params else fn
         for op in ops_:
             if isinstance(op, torch._ops.OpOverloadPacket):
                 for overload in op.overloads():
-                    LOWERINGS[getattr(op, overload)] = fn
+                    LOWERINGS[getattr(op, overload)] = entry
             else:
-                LOWERINGS[op] = fn
+                LOWERINGS[op] = entry
         return fn
     return decorate
 
@@ -83,14 +87,6 @@ class LoweringContext:
 
 
 # --- dtypes --------------------------------------------------------------------------------
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Arithmetic on half types runs in float32 (as eager's CUDA kernels do)."""
-    return torch.float32 if dtype in LOW_PRECISION else dtype
-
 
 def promoted_dtype(*args: Any, kind: str = "DEFAULT") -> tuple[torch.dtype, torch.dtype]:
     """torch's type promotion over lowered values and Python scalars: (compute, result)."""

@@ -12,9 +12,11 @@ from typing import Any, Optional, Sequence
 import sympy
 import torch
 
-from ..ir import (ModularIndexing, Pointwise, StorageView, Value, contiguous_strides, product, same_size,
+from ..expr import ModularIndexing
+from ..ir import (Pointwise, StorageView, Value, contiguous_strides, product, same_size,
                   static_int, strided_index, sympify_size)
-from .registry import LoweringContext, NotLowerable, normalize_dim, register, size_exprs, static, static_ints
+from ..indexing import split_flat
+from .registry import LOWERINGS, LoweringContext, NotLowerable, normalize_dim, register, size_exprs, static, static_ints
 
 aten = torch.ops.aten
 
@@ -120,8 +122,6 @@ def _reshape_index_map(old_size, new_size, hint=int):
 
         [2, 16, 32] -> [32, 32]:  (i, j) -> (i // 16, i % 16, j)
     """
-    from ..indexing import split_flat
-
     groups = _reshape_groups(old_size, new_size, hint)
 
     def index_map(index):
@@ -301,8 +301,6 @@ def diagonal(ctx: LoweringContext, x: Value, offset: int = 0, dim1: int = 0, dim
 def _register_copy_variants() -> None:
     """``permute_copy`` etc. (what functionalization emits) lower like their views: in a
     functional graph a view and a copy of it are indistinguishable."""
-    from .registry import LOWERINGS
-
     for base in ["view", "permute", "expand", "slice", "select", "squeeze", "unsqueeze", "transpose", "t",
                  "alias", "as_strided", "diagonal", "split", "split_with_sizes", "unbind", "_unsafe_view"]:
         copy_packet = getattr(aten, f"{base}_copy", None)

@@ -8,6 +8,8 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ... import op_table
+from .collectives import sink_waits
+from .patterns import apply_pattern_rewrites
 from .symbolic import is_symbolic, known_true, statically_equal, sym_expr
 
 aten = torch.ops.aten
@@ -87,8 +89,7 @@ def functionalize_inplace(gm: fx.GraphModule) -> fx.GraphModule:
         mutated = node.args[0]
         if not isinstance(mutated, fx.Node) or mutated.op != "call_function":
             continue
-        if getattr(mutated.target, "is_view", False) or any(
-                getattr(u.target, "is_view", False) for u in mutated.users):
+        if op_table.is_view(mutated.target) or any(op_table.is_view(u.target) for u in mutated.users):
             continue
         packet = getattr(aten, name[:-1], None)
         functional = getattr(packet, target._overloadname, None) if packet is not None else None
@@ -243,15 +244,10 @@ def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
 
 def joint_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the joint forward+backward graph, before it is partitioned."""
-    from .patterns import apply_pattern_rewrites
-
     return run_passes(gm, (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination))
 
 
 def post_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on each graph about to be compiled, in order."""
-    from .collectives import sink_waits
-    from .patterns import apply_pattern_rewrites
-
     return run_passes(gm, (functionalize_inplace, dead_code_elimination, view_to_reshape, remove_noops,
                            apply_pattern_rewrites, constant_fold, cse, dead_code_elimination, sink_waits))

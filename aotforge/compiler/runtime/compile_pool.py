@@ -26,8 +26,9 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence
 
-from . import compile_worker
+from . import compile_worker, disk_cache
 from .compile_worker import receive as _receive, send as _send
+from .modules import execute_module, interpreting, loaded_module
 
 MAX_WORKERS = 16
 
@@ -172,8 +173,6 @@ def get_pool() -> Optional[CompilePool]:
 def start_if_useful() -> Optional[CompilePool]:
     """Start the pool now if kernels will be compiled through it (call at the start of a
     compile, so that the workers boot while the graph is traced and lowered)."""
-    from .launch import interpreting
-
     if interpreting() or not _cuda_available():
         return None
     return get_pool()
@@ -210,8 +209,6 @@ def precompile(module_path: str, kernel_name: str, arg_dtypes: Sequence[Any], si
     ``configs`` in a worker; the Future's result is the seconds the worker spent on it.
     None when there is nothing to gain: the interpreter runs kernels without compiling them,
     without a GPU nothing is compiled, and AOTFORGE_COMPILE_WORKERS=0 turns the pool off."""
-    from .launch import interpreting, loaded_module
-
     if interpreting() or not _cuda_available():
         return None
     pool = get_pool()
@@ -240,8 +237,6 @@ def _compile_kernel(module_path: str, name: str, expected: str, kernel_name: str
     for each configuration: Triton compiles it and writes the binary to its cache."""
     import time
 
-    from . import disk_cache
-    from .launch import execute_module
 
     started = time.perf_counter()
     module = _worker_modules.get(expected)

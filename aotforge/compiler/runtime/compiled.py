@@ -12,11 +12,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..codegen.triton import KernelSource, module_prelude
+from ..codegen.kernel import KernelSource
+from ..codegen.triton import module_prelude
 from ..codegen.wrapper import Program
 from ..ir import LoweredGraph
 from ..schedule import KernelPlan, MemoryPlan
-from . import launch
+from . import launch, modules
 
 # launchers by (kernel source name, numel, rnumel): identical kernels of any graph share one,
 # so each is compiled and autotuned once while some graph uses it; a launcher (with its
@@ -58,7 +59,7 @@ class CompiledGraph:
     def kernel_source(self) -> str:
         """Every distinct kernel of the graph, as one module's text."""
         unique = {k.name: k.source for k in self.kernels}
-        return module_prelude(launch.interpreting()) + "\n\n" + "\n\n".join(
+        return module_prelude(modules.interpreting()) + "\n\n" + "\n\n".join(
             f"@triton.jit\n{text}\n" for text in unique.values())
 
     @property
@@ -97,13 +98,15 @@ class CompiledGraph:
         return "\n\n".join(sections)
 
 
-def _launcher(source: KernelSource, precompile: bool) -> Any:
+def triton_launcher(source: KernelSource, precompile: bool = True) -> Any:
+    """The Triton target's loader: the launcher (``launch.Kernel``) of one kernel source,
+    shared by identical kernels of every graph. ``precompile``: hand it to the compile pool."""
     key = (source.name, source.numel, source.rnumel)
     with _launchers_lock:
         found = _launchers.get(key)
         if found is not None:
             return found
-    module = launch.load_module(module_prelude(launch.interpreting()) + f"\n\n@triton.jit\n{source.source}\n",
+    module = modules.load_module(module_prelude(modules.interpreting()) + f"\n\n@triton.jit\n{source.source}\n",
                                 source.name)
     # with the argument dtypes the kernel is handed to the compile pool at once (GPU only)
     kernel = launch.Kernel(getattr(module, source.name), source.name, source.source, source.kind, source.numel,
@@ -117,16 +120,17 @@ def _launcher(source: KernelSource, precompile: bool) -> Any:
 
 def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
          program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None,
-         precompile: bool = True) -> CompiledGraph:
+         launcher: Callable[..., Any] = triton_launcher, precompile: bool = True) -> CompiledGraph:
     """``run_aten_graph``: the graph's own ATen calls, for a call whose symbolic sizes are
-    too large for the kernels' 32-bit indexing. ``precompile``: hand the kernels to the
+    too large for the kernels' 32-bit indexing. ``launcher``: the target's loader, an object
+    with ``run(*arguments)`` per kernel source. ``precompile`` (Triton): hand the kernels to the
     compile pool (False for a graph from the compiled-graph cache: Triton's cache holds its
     binaries, and loading one at the first launch is quicker than a worker's round trip)."""
     started = time.perf_counter()
+    load_one = launcher if precompile else (lambda source: launcher(source, precompile=False))
     # longest sources first: each launcher hands its kernel to the compile pool as it is made,
     # and starting the slowest compiles first keeps the pool's last round short
-    launchers = {source.group: _launcher(source, precompile)
-                 for source in sorted(kernels, key=lambda k: -len(k.source))}
+    launchers = {source.group: load_one(source) for source in sorted(kernels, key=lambda k: -len(k.source))}
     namespace = dict(program.namespace)
     namespace.update(launchers)
     namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,

@@ -38,9 +38,9 @@ import torch
 import torch.fx as fx
 
 from ... import debug
-from ..codegen.triton import KernelSource
+from ..codegen.kernel import KernelSource
 from ..codegen.wrapper import Program
-from ..ir import FloorDiv, ModularIndexing
+from ..expr import FloorDiv, ModularIndexing
 from . import compiled as runtime, disk_cache, keys
 from .compiled import CompiledGraph
 

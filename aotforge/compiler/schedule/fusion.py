@@ -38,6 +38,9 @@ class KernelGroup:
     numel: Any  # sympy expressions (symbolic when sizes are)
     rnumel: Any
     nodes: tuple  # ComputedBuffer, in the order the kernel computes them
+    # pointwise | persistent (a row held at once) | looped (rows walked in chunks)
+    kind: str = "pointwise"
+    reduction_contiguous: bool = True  # the reduced axis is the fastest-moving in memory
 
     @property
     def is_reduction(self) -> bool:
@@ -51,6 +54,8 @@ class KernelPlan:
 
     steps: tuple  # KernelGroup | ExternCall
     stored: frozenset
+    # why a buffer did not join a kernel it was offered to (``buf4 not in kernel1: ...``)
+    refusals: tuple = ()
 
     def kernels(self) -> list[KernelGroup]:
         return [s for s in self.steps if isinstance(s, KernelGroup)]
@@ -69,6 +74,9 @@ class KernelPlan:
                 members.append(node.name + note)
             lines.append(f"{step.name}: {shape}: {', '.join(members)}")
         return "\n".join(lines) + "\n"
+
+    def describe_refusals(self) -> str:
+        return "".join(f"{line}\n" for line in self.refusals)
 
 
 @dataclasses.dataclass
@@ -111,39 +119,40 @@ def _same_element(reads: BufferReads, member: ComputedBuffer, index: sympy.Expr,
     return same_index(index, reads.write_index(member, group.numel, group.rnumel))
 
 
-def _fits(group: _Group, buffer: ComputedBuffer, reads: BufferReads, produced_at: dict[str, int],
-          readers_after: dict[str, list[int]]) -> bool:
+def _refusal(group: _Group, buffer: ComputedBuffer, reads: BufferReads, produced_at: dict[str, int],
+             readers_after: dict[str, list[int]]) -> Optional[str]:
+    """Why ``buffer`` cannot join ``group``, or None when it can."""
     if isinstance(buffer.body, ReductionBody) and not _same_shape(kernel_shape(buffer), (group.numel, group.rnumel)):
-        return False
+        return "a reduction of another shape"
     if node_indices(buffer, group.numel, group.rnumel) is None:
-        return False
+        return "its iteration space does not fit the kernel's"
     if buffer.mutates is not None and group.rnumel != 1:
-        return False
+        return "an in-place write joins no reduction"
     long_rows = static_int(group.rnumel) is None or group.rnumel > config.persistent_reduction_limit
     if group.numel == 1 and long_rows and not isinstance(buffer.body, ReductionBody):
-        return False  # one program would do all the work
+        return "one program would do all the work"
     indexed = reads.in_kernel(buffer, group.numel, group.rnumel)
     if indexed is None:
-        return False
+        return "its reads do not fit the kernel's shape"
     members = {n.name: n for n in group.nodes}
     for name, index in indexed:
         if name in members:
             if {s for s in index.free_symbols if not is_size_symbol(s)} - {XINDEX, RINDEX}:
-                return False  # an indirect read: which element is not known until run time
+                return f"an indirect read of {name}: which element is not known until run time"
             if not _same_element(reads, members[name], index, group):
-                return False
+                return f"it reads {name} at another element than the kernel writes"
         elif produced_at.get(name, -1) > group.position:
-            return False
+            return f"it reads {name}, made after the kernel runs"
     if buffer.mutates is not None:
         # a write into an input must not overtake a read of the old value elsewhere
         if any(p > group.position for p in readers_after.get(buffer.name, [])):
-            return False
+            return f"a later step reads {buffer.name} before the write"
         write = reads.write_index(buffer, group.numel, group.rnumel)
         for member in group.nodes:
             for name, index in reads.in_kernel(member, group.numel, group.rnumel) or ():
                 if name == buffer.name and not same_index(index, write):
-                    return False
-    return True
+                    return f"the kernel reads {buffer.name} at another element than the write"
+    return None
 
 
 def _sibling_kind(group: _Group, buffer: ComputedBuffer) -> bool:
@@ -177,6 +186,7 @@ def fuse(lowered: LoweredGraph, reads: BufferReads) -> KernelPlan:
     produced_at: dict[str, int] = {}  # buffer name -> step that produces it
     readers_after: dict[str, list[int]] = {}  # buffer name -> steps that read it
     group_reads: dict[int, set[str]] = {}  # step -> names its members read
+    refusals: list = []  # (buffer, step, why) for each kernel a buffer could not join
     for op in lowered.operations:
         if isinstance(op, ExternCall):
             position = len(steps)
@@ -187,16 +197,19 @@ def fuse(lowered: LoweredGraph, reads: BufferReads) -> KernelPlan:
                 if out is not None:
                     produced_at[out.name] = position
             continue
-        chosen = None
+        chosen, refused = None, []
         for position in _candidates(steps, op, reads, produced_at, group_reads):
-            if _fits(steps[position], op, reads, produced_at, readers_after):
+            reason = _refusal(steps[position], op, reads, produced_at, readers_after)
+            if reason is None:
                 chosen = steps[position]
                 break
             reshaped = _reshaped_for(steps[position], op)
-            if reshaped is not None and _fits(reshaped, op, reads, produced_at, readers_after):
+            if reshaped is not None and _refusal(reshaped, op, reads, produced_at, readers_after) is None:
                 steps[position] = chosen = reshaped
                 break
+            refused.append((position, reason))
         if chosen is None:
+            refusals += [(op.name, position, reason) for position, reason in refused]
             chosen = _Group(*kernel_shape(op), [], len(steps))
             steps.append(chosen)
         chosen.nodes.append(op)
@@ -214,6 +227,35 @@ def fuse(lowered: LoweredGraph, reads: BufferReads) -> KernelPlan:
             stored.add(name)
 
     names = iter(range(len(steps)))
-    final = tuple(KernelGroup(f"kernel{next(names)}", s.numel, s.rnumel, tuple(s.nodes)) if isinstance(s, _Group) else s
-                  for s in steps)
-    return KernelPlan(final, frozenset(stored))
+    final = tuple(KernelGroup(f"kernel{next(names)}", s.numel, s.rnumel, tuple(s.nodes), *_kernel_kind(s, reads))
+                  if isinstance(s, _Group) else s for s in steps)
+    refused = tuple(f"{buffer} not in {final[position].name}: {why}" for buffer, position, why in refusals)
+    return KernelPlan(final, frozenset(stored), refused)
+
+
+def _kernel_kind(group: _Group, reads: BufferReads) -> tuple[str, bool]:
+    """(kind, reduction_contiguous) of a finished group. A row is held in registers when its
+    length is known, short enough, and contiguous in memory (a strided, column, reduction
+    walks its rows in a loop over tiles wide along the outputs)."""
+    contiguous = _reduction_contiguous(group, reads)
+    if group.rnumel == 1:
+        return "pointwise", contiguous
+    persistent = (group.rnumel.is_Integer and group.rnumel <= config.persistent_reduction_limit
+                  and (contiguous or group.rnumel <= 64))
+    return ("persistent" if persistent else "looped"), contiguous
+
+
+def _reduction_contiguous(group: _Group, reads: BufferReads) -> bool:
+    for buffer in group.nodes:
+        if isinstance(buffer.body, ReductionBody):
+            stride = _rindex_coefficient(reads, buffer, group.numel, group.rnumel)
+            return stride in (None, 1)
+    return True
+
+
+def _rindex_coefficient(reads: BufferReads, buffer: ComputedBuffer, numel: Any, rnumel: Any) -> Optional[Any]:
+    for _, index in reads.in_kernel(buffer, numel, rnumel) or []:
+        coefficient = sympy.expand(index).coeff(RINDEX)
+        if coefficient != 0 and not coefficient.free_symbols & {XINDEX, RINDEX}:
+            return int(coefficient) if coefficient.is_Integer else coefficient
+    return None

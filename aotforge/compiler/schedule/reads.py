@@ -1,9 +1,9 @@
 """``analyze_reads(lowered) -> BufferReads``: which buffers each operation reads, and at which
 index inside a kernel of a given shape, computed once per (operation, kernel shape).
 
-A body is a closure over lowering state; running it is the only way to learn its reads, and
-it is not cheap (sympy index arithmetic). Fusion asks the same question for the same buffer
-many times (one per candidate kernel), so the answers are kept here::
+A body's record is walked with the kernel's index substituted (sympy index arithmetic, not
+cheap). Fusion asks the same question for the same buffer many times (one per candidate
+kernel), so the answers are kept here::
 
     buf1 = exp(load(buf0, i0*8 + i1))    reads: buf1 -> {buf0}
     in a kernel (x=16, r=8):             buf0 at rindex + 8*xindex
@@ -17,7 +17,7 @@ import sympy
 
 from ..indexing import node_indices, simplify_index, store_index
 from ..ir import ComputedBuffer, ExternCall, LoweredGraph, ReductionBody, StorageView, product
-from ..ops import ReadRecorder, use_handler
+from ..ops import ReadRecorder
 
 IndexedReads = tuple[tuple[str, sympy.Expr], ...]
 
@@ -52,11 +52,7 @@ def _record(buffer: ComputedBuffer, numel: int, rnumel: int) -> Optional[Indexed
     if indices is None:
         return None
     recorder = ReadRecorder()
-    with use_handler(recorder):
-        if isinstance(buffer.body, ReductionBody):
-            buffer.body.fn(*indices)
-        else:
-            buffer.body.fn(indices[0])
+    buffer.body.walk(recorder, *indices)
     return tuple((name, simplify_index(index)) for name, index in recorder.reads)
 
 

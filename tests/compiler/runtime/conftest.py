@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from aotforge.compiler.runtime import compiled, disk_cache, launch
+from aotforge.compiler.runtime import compiled, disk_cache, modules
 from aotforge.config import config
 
 
 def forget_loaded_modules() -> None:
     for name in [n for n in sys.modules if n.startswith("aotforge_generated_")]:
         del sys.modules[name]
-    launch._loaded_paths.clear()
+    modules._loaded_paths.clear()
     compiled._launchers.clear()
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from aotforge.compiler.runtime import compile_pool, launch
+from aotforge.compiler.runtime import compile_pool, launch, modules
 from aotforge.compiler.runtime.compile_pool import CompilePool, CompileWorkerError
 
 from .test_launch import ROW_SUM, run_row_sum
@@ -87,7 +87,7 @@ def test_bad_worker_count_is_a_clear_error(monkeypatch, value):
 
 def test_precompile_does_nothing_when_interpreting(cache_dir, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    module = launch.load_module(ROW_SUM, "row_sum")
+    module = modules.load_module(ROW_SUM, "row_sum")
     assert compile_pool.precompile(module.__file__, "row_sum", [torch.float32] * 2, [16, 64],
                                    [dict(XBLOCK=8, RBLOCK=64)]) is None
     kernel = run_row_sum(arg_dtypes=[torch.float64, torch.float64])
@@ -107,7 +107,7 @@ def test_pool_is_not_started_where_it_cannot_help(monkeypatch):
 def test_precompile_without_cuda_does_nothing(cache_dir, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(compile_pool, "_cuda_available", lambda: False)
-    module = launch.load_module(ROW_SUM, "row_sum")
+    module = modules.load_module(ROW_SUM, "row_sum")
     assert compile_pool.precompile(module.__file__, "row_sum", [torch.float32] * 2, [16, 64],
                                    [dict(XBLOCK=8, RBLOCK=64)]) is None
 
@@ -124,7 +124,7 @@ def test_precompile_sends_the_verified_module_to_a_worker(cache_dir, monkeypatch
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(compile_pool, "_cuda_available", lambda: True)
     monkeypatch.setattr(compile_pool, "get_pool", lambda: RecordingPool())
-    module = launch.load_module(ROW_SUM, "row_sum")
+    module = modules.load_module(ROW_SUM, "row_sum")
     future = compile_pool.precompile(module.__file__, "row_sum", [torch.float16, torch.float32], [16, 64],
                                      [dict(XBLOCK=8, RBLOCK=64, num_warps=4)])
     assert isinstance(future, Future)

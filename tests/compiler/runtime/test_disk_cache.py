@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from aotforge.compiler import compile_fx_inner
-from aotforge.compiler.runtime import compiled, disk_cache, launch
+from aotforge.compiler.runtime import compiled, disk_cache, modules
 from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
 from aotforge.config import config
 
@@ -67,7 +67,7 @@ def test_every_truncation_of_a_kernel_file_is_rebuilt(cache_dir):
     graph = first.compiled_graph
     path = kernel_file(cache_dir)
     original = path.read_bytes()
-    _, expected = launch.loaded_module(str(path))
+    _, expected = modules.loaded_module(str(path))
     wrong = []
     for point in range(len(original)):
         path.write_bytes(original[:point])
@@ -166,11 +166,11 @@ def test_threads_writing_one_entry_at_once(cache_dir):
 
 
 def test_worker_refuses_a_module_file_that_does_not_verify(cache_dir):
-    from aotforge.compiler.runtime import compile_pool, launch
+    from aotforge.compiler.runtime import compile_pool, modules
 
     check_matches_eager(row_sum_and_sine)
     path = kernel_file(cache_dir)
-    name, expected = launch.loaded_module(str(path))
+    name, expected = modules.loaded_module(str(path))
     assert disk_cache.read_verified_module(str(path), expected) == path.read_text()
     path.write_bytes(path.read_bytes()[:-10])
     assert disk_cache.read_verified_module(str(path), expected) is None

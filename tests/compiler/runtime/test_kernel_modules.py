@@ -7,7 +7,7 @@ import sys
 import torch
 
 from aotforge.compiler.runtime import compiled as compiled_runtime
-from aotforge.compiler.runtime import launch
+from aotforge.compiler.runtime import modules
 
 from ..helpers import compile_and_run
 
@@ -37,11 +37,11 @@ def _compile_distinct(index: int):
 
 def test_kernel_modules_stay_bounded_over_many_compiles():
     gc.collect()
-    before = (_generated_modules(), len(compiled_runtime._launchers), len(launch._modules), _triton_registry_entries())
+    before = (_generated_modules(), len(compiled_runtime._launchers), len(modules._modules), _triton_registry_entries())
     for index in range(25):
         _compile_distinct(index)
     gc.collect()
-    after = (_generated_modules(), len(compiled_runtime._launchers), len(launch._modules), _triton_registry_entries())
+    after = (_generated_modules(), len(compiled_runtime._launchers), len(modules._modules), _triton_registry_entries())
     assert after[0] == 0, "generated modules must not accumulate in sys.modules"
     for name, old, new in zip(("modules", "launchers", "loaded modules", "Triton registry"), before, after):
         assert new <= old + 2, f"{name}: {old} before 25 compiles, {new} after"

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from aotforge.compiler.runtime import disk_cache, launch
+from aotforge.compiler.runtime import disk_cache, launch, modules
 from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
 from aotforge.config import config
 
@@ -53,7 +53,7 @@ def cpu_autotune(monkeypatch, cache_dir):
 
 
 def run_row_sum(**kernel_options):
-    module = launch.load_module(ROW_SUM, "row_sum")
+    module = modules.load_module(ROW_SUM, "row_sum")
     kernel = launch.Kernel(module.row_sum, "row_sum", ROW_SUM, "persistent", ROWS, COLUMNS, True, False,
                            **kernel_options)
     x = torch.randn(ROWS, COLUMNS, dtype=torch.float64)
@@ -208,7 +208,7 @@ def test_threads_never_see_a_half_initialized_module(cache_dir):
 
     def load():
         try:
-            seen.append(launch.load_module(source, "slow"))
+            seen.append(modules.load_module(source, "slow"))
         except Exception as error:  # pragma: no cover  reported below
             errors.append(error)
 
@@ -230,7 +230,7 @@ def test_threads_loading_different_modules_at_once(cache_dir):
 
     def load(value):
         barrier.wait()
-        results[value] = launch.load_module(f"VALUE = {value}\n" + "# padding\n" * 5000, "many")
+        results[value] = modules.load_module(f"VALUE = {value}\n" + "# padding\n" * 5000, "many")
 
     threads = [threading.Thread(target=load, args=(v,)) for v in range(8)]
     for thread in threads:
@@ -246,21 +246,21 @@ def test_failed_module_execution_leaves_nothing_registered(cache_dir):
 
     source = "VALUE = 1\nraise ValueError('broken kernel module')\n"
     with pytest.raises(ValueError, match="broken kernel module"):
-        launch.load_module(source, "broken")
+        modules.load_module(source, "broken")
     assert not [n for n in sys.modules if n.startswith("aotforge_generated_broken_")]
     with pytest.raises(ValueError, match="broken kernel module"):  # again: not served half-built
-        launch.load_module(source, "broken")
+        modules.load_module(source, "broken")
 
 
 def test_module_is_executed_from_its_source_not_the_file(cache_dir):
-    module = launch.load_module("VALUE = 1\n", "pinned")
+    module = modules.load_module("VALUE = 1\n", "pinned")
     path = module.__file__
     with open(path, "w") as handle:
         handle.write("VALUE = 2\n")
     forget_loaded_modules()
     disk_cache._warned.clear()
     with pytest.warns(CacheEntryWarning):
-        assert launch.load_module("VALUE = 1\n", "pinned").VALUE == 1
+        assert modules.load_module("VALUE = 1\n", "pinned").VALUE == 1
     with open(path) as handle:
         assert handle.read() == "VALUE = 1\n"
 
