@@ -14,7 +14,7 @@ loads ``TinyClassifier`` from the file, builds random inputs of those shapes, ex
 
 Models whose constructor takes arguments get them as JSON::
 
-    python -m aotforge explain --model benchmarks/workloads/models.py:NanoGPT \\
+    python -m aotforge explain --model aotforge/bench/workloads/models.py:NanoGPT \\
         --init '{"vocab": 64, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16}' \\
         --input 2x8:int64:64 --input 2x8:int64:64 --joint --loss-index 0
 """

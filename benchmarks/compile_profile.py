@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import aotforge  # noqa: E402
 from aotforge.compiler import compile_fx, compile_fx_inner  # noqa: E402
-from benchmarks.workloads.models import NanoGPT, ResNet  # noqa: E402
+from aotforge.bench.workloads.models import NanoGPT, ResNet  # noqa: E402
 
 
 def main() -> None:

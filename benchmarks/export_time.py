@@ -3,7 +3,7 @@
     python benchmarks/export_time.py            # quick and medium sizes, CPU
     python benchmarks/export_time.py --quick    # quick sizes only (a smoke run, seconds)
 
-For each model (the nanoGPT and ResNet workloads of ``benchmarks/workloads/models.py``, which
+For each model (the nanoGPT and ResNet workloads of ``aotforge/bench/workloads/models.py``, which
 return their loss in training mode, and the MLP with a sum loss added) and each export kind
 (joint with the loss, inference), it reports:
 
@@ -32,7 +32,7 @@ import torch.nn as nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from aotforge import aot_export_module  # noqa: E402
-from benchmarks.workloads.models import build_mlp, build_nanogpt, build_resnet  # noqa: E402
+from aotforge.bench.workloads.models import build_mlp, build_nanogpt, build_resnet  # noqa: E402
 
 
 class TupleOutput(nn.Module):
@@ -53,18 +53,18 @@ def medium(build, mode):
     for the CPU."""
     torch.manual_seed(0)
     if build is build_nanogpt:
-        from benchmarks.workloads.models import NanoGPT
+        from aotforge.bench.workloads.models import NanoGPT
 
         model = NanoGPT(vocab=512, block_size=64, n_layer=4, n_head=4, n_embd=128)
         idx = torch.randint(0, 512, (4, 64))
         return model, (idx,) if mode == "infer" else (idx, torch.randint(0, 512, (4, 64)))
     if build is build_resnet:
-        from benchmarks.workloads.models import ResNet
+        from aotforge.bench.workloads.models import ResNet
 
         model = ResNet((16, 32, 64), 2, 10)
         images = torch.randn(8, 3, 32, 32)
         return model, (images,) if mode == "infer" else (images, torch.randint(0, 10, (8,)))
-    from benchmarks.workloads.models import MLP
+    from aotforge.bench.workloads.models import MLP
 
     return MLP(256, 512, 4), (torch.randn(64, 256),)
 

@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.workloads.models import NanoGPT  # noqa: E402
+from aotforge.bench.workloads.models import NanoGPT  # noqa: E402
 
 BATCH, LENGTH = 1, 128
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test of this script, tiny model

@@ -5,7 +5,7 @@ parallelism, eager vs inductor vs aotforge, in one run and one table.
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py [--json out.json]
     torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py --tiny --backends eager,aotforge  # CPU check
 
-- DDP and FSDP2 train the suite's nanoGPT (benchmarks/workloads/models.py, GPT-2 small's
+- DDP and FSDP2 train the suite's nanoGPT (aotforge/bench/workloads/models.py, GPT-2 small's
   shapes, tied LM head). Tensor parallelism trains examples/ddp_fsdp.py's transformer at the
   same shapes (12 layers, d=768, 12 heads, vocab 50304): nanoGPT's fused qkv projection and
   tied head cannot be split column-wise.
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.workloads.models import NanoGPT  # noqa: E402
+from aotforge.bench.workloads.models import NanoGPT  # noqa: E402
 
 MODES = ("ddp", "fsdp2", "tp")
 BACKENDS = ("eager", "inductor", "aotforge")

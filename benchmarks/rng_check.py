@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aotforge  # noqa: E402
-from benchmarks.workloads.models import build_nanogpt124m  # noqa: E402
+from aotforge.bench.workloads.models import build_nanogpt124m  # noqa: E402
 
 
 def _case(quick: bool):

@@ -33,7 +33,7 @@ def child(mode: str, directory: str, layers: int) -> None:
 
     import aotforge
     from aotforge.compiler import observe
-    from benchmarks.workloads.models import NanoGPT
+    from aotforge.bench.workloads.models import NanoGPT
 
     aotforge.config.triton_on_cpu = True
     aotforge.config.cache, aotforge.config.cache_dir = mode != "off", directory

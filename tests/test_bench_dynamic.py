@@ -9,11 +9,12 @@ import sys
 
 import torch
 
-from aotforge.bench.suites import benchmarks_dir
+from pathlib import Path
 
 # the repository root, where the `benchmarks` package lives
-if str(benchmarks_dir().parent) not in sys.path:
-    sys.path.insert(0, str(benchmarks_dir().parent))
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 from benchmarks import dynamic_shapes  # noqa: E402
 

@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m aotforge bench",
         description="Benchmark eager vs torch.compile (inductor) vs aotforge on the workloads "
-        "in benchmarks/workloads; check each backend against eager, then time it.",
+        "in aotforge/bench/workloads; check each backend against eager, then time it.",
     )
     p.add_argument("--suite", type=_comma_list(SUITES), default=list(SUITES),
                    help=f"comma-separated suites: {', '.join(SUITES)} or all (default: all)")

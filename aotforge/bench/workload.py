@@ -5,9 +5,8 @@ inputs for one mode (``"train"`` or ``"infer"``). The harness copies that pristi
 the device and dtype of the run, once per backend, so that every backend starts from the same
 weights and the same data.
 
-The workloads themselves live in the repository's ``benchmarks/workloads/`` package (they are
-benchmarks, not part of the library), which imports this module for the two records;
-``aotforge.bench.suites.load_workloads`` finds that package next to this one.
+The workloads themselves live in ``aotforge/bench/workloads/``, which imports this module for
+the two records; ``aotforge.bench.suites.load_workloads`` loads them on first use.
 """
 from __future__ import annotations
 

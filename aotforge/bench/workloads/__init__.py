@@ -9,8 +9,8 @@
 Each workload builds a fresh CPU float32 case from a fixed seed; sizes are small under
 ``--quick`` (CPU, CI smoke runs) and large enough to fill a GPU otherwise.
 """
-from benchmarks.workloads.hf import HF_WORKLOADS
-from benchmarks.workloads.micro import MICRO_WORKLOADS
-from benchmarks.workloads.models import MODEL_WORKLOADS
+from aotforge.bench.workloads.hf import HF_WORKLOADS
+from aotforge.bench.workloads.micro import MICRO_WORKLOADS
+from aotforge.bench.workloads.models import MODEL_WORKLOADS
 
 WORKLOADS = [*MODEL_WORKLOADS, *MICRO_WORKLOADS, *HF_WORKLOADS]
