@@ -72,14 +72,8 @@ def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
         return None, None
     name = _name()
     started = time.perf_counter()
-    try:
-        found = _key(name, model, example_inputs, path_kind)
-    except graph_cache.Uncacheable as reason:
-        debug.note("cache", f"{name}: AOT compile not cached ({reason})")
-        return None, None
-    except Exception as error:  # noqa: BLE001  a cache costs time, never the compile
-        debug.log_once("cache", f"aot key:{type(error).__name__}:{error}",
-                       f"{name}: AOT compile not cached (computing its key failed: {type(error).__name__}: {error})")
+    found = keys.safe_key(name, "AOT compile", lambda: _key(name, model, example_inputs, path_kind))
+    if found is None:
         return None, None
     path = keys.entry_path("compile", found.key)
     entry = keys.read_entry(path, found.key, FORMAT)

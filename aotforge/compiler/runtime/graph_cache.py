@@ -51,8 +51,7 @@ MAX_CONSTANT_BYTES = 64 << 20
 MAX_VARIANTS = 4
 
 
-class Uncacheable(Exception):
-    """The graph (or its compiled program) holds something an entry cannot describe."""
+Uncacheable = keys.Uncacheable
 
 
 @dataclasses.dataclass
@@ -77,14 +76,8 @@ def lookup(kind: str, gm: fx.GraphModule, example_inputs: Sequence[Any],
         return None, None
     started = time.perf_counter()
     name = f"{debug.compile_name() or 'graph'}:{kind}"
-    try:
-        found = _key(kind, name, gm, example_inputs)
-    except Uncacheable as reason:
-        debug.note("cache", f"{name}: not cached ({reason})")
-        return None, None
-    except Exception as error:  # noqa: BLE001  a cache costs time, never the compile
-        debug.log_once("cache", f"key:{type(error).__name__}:{error}",
-                       f"{name}: not cached (computing its key failed: {type(error).__name__}: {error})")
+    found = keys.safe_key(name, "graph", lambda: _key(kind, name, gm, example_inputs))
+    if found is None:
         return None, None
     compiled = load(kind, found.key, found.symbols, run_aten_graph, name, found.parts,
                     {"cache_key": time.perf_counter() - started})

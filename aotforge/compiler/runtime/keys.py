@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
+from ... import debug
 from ...config import config
 from . import disk_cache
 
@@ -23,6 +24,23 @@ _CONFIG_NOT_KEYED = frozenset({"cache_dir", "cache", "cache_size_limit"})
 # Recent key parts kept per graph name, to explain a miss.
 _INDEX_LENGTH = 8
 INDEX_FORMAT = 1
+
+
+class Uncacheable(Exception):
+    """The graph (or its compiled program) holds something an entry cannot describe."""
+
+
+def safe_key(name: str, what: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (a key), or None when the thing cannot be cached: it says so under
+    ``AOTFORGE_LOG=cache``, and a key that fails to compute costs the cache, never the compile."""
+    try:
+        return compute()
+    except Uncacheable as reason:
+        debug.note("cache", f"{name}: {what} not cached ({reason})")
+    except Exception as error:  # noqa: BLE001
+        debug.log_once("cache", f"{what} key:{type(error).__name__}:{error}",
+                       f"{name}: {what} not cached (computing its key failed: {type(error).__name__}: {error})")
+    return None
 
 
 def config_digest() -> str:
