@@ -175,6 +175,11 @@ def _record(recorder, compiler: Callable, kind: str) -> Callable:
     return recorder.wrap_compiler(compiler, kind) if recorder is not None else compiler
 
 
+def _record_hit(recorder, example_inputs: Sequence[Any]) -> Optional[Callable]:
+    """An AOT cache hit compiles nothing: tell the recorder what was loaded instead."""
+    return None if recorder is None else functools.partial(recorder.loaded, list(example_inputs))
+
+
 def _source_lines_kept(gm: fx.GraphModule):
     """aot_module_simplified keeps Dynamo's source lines itself; the backends' compile scopes
     (recorder, patches) enter the same context around it."""
@@ -204,7 +209,8 @@ def aotforge_eager_backend(gm: fx.GraphModule, example_inputs, **kwargs):
         )
 
     with config.patch(**patches), _compile_scope(recorder, gm), _source_lines_kept(gm):
-        compiled = compile_fx_graphs(gm, example_inputs, compile)  # through the AOT cache
+        compiled = compile_fx_graphs(gm, example_inputs, compile,  # through the AOT cache
+                                     on_hit=_record_hit(recorder, example_inputs))
     return _patched(compiled, patches)
 
 
@@ -247,6 +253,7 @@ def _compile(gm: fx.GraphModule, example_inputs, patches: dict, kwargs: dict) ->
                 compiled = verified(reference, compiled, kind=kind, patches=patches)
         return compiled
     inner_compile.aot_cacheable = True  # type: ignore[attr-defined]  (compile_fx_inner's graphs)
+    inner_compile.on_aot_cache_hit = _record_hit(recorder, example_inputs)  # type: ignore[attr-defined]
 
     with _compile_scope(recorder, gm), _source_lines_kept(gm):
         compiled = compile_fx(gm, example_inputs, inner_compile=inner_compile, **kwargs)

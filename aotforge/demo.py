@@ -57,11 +57,18 @@ def _describe(report, device: torch.device) -> list[str]:
     """What aotforge did, from ``aotforge.inspect``: per compiled graph, its ops and kernels."""
     lines = [f"  Dynamo graphs compiled: {len(report.records)}"]
     for record in report.records:
+        if record.cached:
+            lines.append(f"  graph {record.number}: loaded from aotforge's on-disk cache (an earlier run "
+                         "compiled it: no tracing, no compiling; `python -m aotforge cache clear` empties it)")
         for kind in ("forward", "backward", "inference"):
             gm = record.graphs.get(kind)
-            if gm is None:
+            if gm is not None:
+                ops = sum(1 for node in gm.graph.nodes
+                          if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload))
+            elif kind in record.graph_code or kind in record.compiled:
+                ops = record.graph_code.get(kind, "").count("torch.ops.aten.")
+            else:
                 continue
-            ops = sum(1 for node in gm.graph.nodes if node.op == "call_function")
             part = record.compiled.get(kind)
             compiled = getattr(part, "compiled_graph", None) if part is not None else None
             kernels = getattr(compiled, "kernels", None) if compiled is not None else None
@@ -166,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         for record in report.records:
             for kind in ("forward", "backward", "inference"):
                 gm = record.graphs.get(kind)
-                if gm is not None:
+                code = gm.code if gm is not None else record.graph_code.get(kind)
+                if code is not None:
                     print(f"\n===== graph {record.number}: {kind} =====")
-                    print(gm.code.strip())
+                    print(code.strip())
     else:
         print("\n(python -m aotforge demo --graphs prints the graphs; AOTFORGE_LOG=all shows "
               "every stage)")

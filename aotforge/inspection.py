@@ -164,6 +164,10 @@ class CompileRecord:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     guards: str = ""
     scope: Optional[debug.CompileScope] = None
+    # loaded whole from the AOT cache (an earlier process compiled it): no graphs were traced;
+    # ``graph_code`` has the code of the graphs that run as FX, by kind
+    cached: bool = False
+    graph_code: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def artifacts(self) -> list[tuple[str, str, Any]]:
         return list(self.scope.artifacts) if self.scope else []
@@ -183,6 +187,8 @@ class CompileRecord:
     def __str__(self) -> str:
         title = f"===== {self.name}: compile {self.number}"
         out = [title + (f" (recompile: {self.recompile_reason})" if self.recompile_reason else "") + " ====="]
+        if self.cached:
+            out.append("loaded from the AOT cache: an earlier process traced and compiled it")
         if self.signature:
             out.append("signature:\n" + "\n".join(f"  {line}" for line in self.signature))
         if self.guards:
@@ -194,6 +200,8 @@ class CompileRecord:
                 lines = source_lines(gm)
                 if lines:
                     out.append(f"--- {kind} graph source lines ---\n" + "\n".join(lines))
+            elif kind in self.graph_code:
+                out.append(f"--- {kind} graph (its code, from the AOT cache) ---\n{self.graph_code[kind].strip()}")
         if self.partition is not None:
             out.append(f"--- partition ---\n{self.partition}")
         for part in self.compiled.values():
@@ -265,6 +273,15 @@ class Recorder:
 
     def current(self) -> Optional[CompileRecord]:
         return getattr(self._current, "record", None)
+
+    def loaded(self, example_inputs: list, hit: Any) -> None:
+        """A compile loaded whole from the AOT cache (``hit``: its ``aot_cache.Hit``)."""
+        record = self.start(list(example_inputs), "training" if hit.training else "inference")
+        record.cached = True
+        record.timings["AOT cache load"] = hit.seconds
+        for kind, part in hit.parts.items():
+            record.compiled[kind] = CompiledPart(kind, part, 0.0)
+        record.graph_code.update(hit.codes)
 
     def wrap_partition(self, partition_fn: Callable) -> Callable:
         @functools.wraps(partition_fn)

@@ -12,11 +12,20 @@ import aotforge
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(aotforge.__file__)))
 
 
-def test_demo_compares_losses_and_says_what_aotforge_did():
+def _demo(cache_dir) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON", "AOTFORGE"))}
     env["PYTHONPATH"] = REPO
-    result = subprocess.run([sys.executable, "-m", "aotforge", "demo", "--steps", "4", "--graphs"],
-                            env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    env["AOTFORGE_CACHE_DIR"] = str(cache_dir)  # the default cache, in a folder of this test's own
+    return subprocess.run([sys.executable, "-m", "aotforge", "demo", "--steps", "4", "--graphs"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def _ops(out: str) -> list[tuple[str, int]]:
+    return [(kind, int(n)) for kind, n in re.findall(r"graph 0 (forward|backward)\s+(\d+) ATen ops", out)]
+
+
+def test_demo_compares_losses_and_says_what_aotforge_did(tmp_path):
+    result = _demo(tmp_path)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr[-3000:]
     assert 'torch.compile(model, backend="aotforge")' in out
@@ -37,3 +46,14 @@ def test_demo_compares_losses_and_says_what_aotforge_did():
     assert "torch.ops.aten.native_layer_norm" in out
     # The CPU notice, once, on stderr.
     assert result.stderr.count("graphs on CPU tensors run as plain ATen calls") == 1, result.stderr
+
+
+def test_demo_run_again_says_its_graphs_came_from_the_cache(tmp_path):
+    first, again = _demo(tmp_path), _demo(tmp_path)
+    assert first.returncode == 0 and again.returncode == 0, again.stdout + again.stderr[-3000:]
+    assert "loaded from aotforge's on-disk cache" not in first.stdout
+    assert "graph 0: loaded from aotforge's on-disk cache" in again.stdout, again.stdout
+    # the same graphs are described and printed, from the code the cache stored
+    assert "Dynamo graphs compiled: 1" in again.stdout
+    assert _ops(again.stdout) == _ops(first.stdout) and len(_ops(first.stdout)) == 2, (first.stdout, again.stdout)
+    assert "===== graph 0: backward =====" in again.stdout and "torch.ops.aten.native_layer_norm" in again.stdout

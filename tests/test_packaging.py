@@ -38,7 +38,7 @@ def test_installed_torch_is_in_the_supported_range():
     assert installed in spec.specifier, f"torch {installed} outside {spec.specifier}"
 
 
-def test_demo_runs_on_cpu_without_triton():
+def test_demo_runs_on_cpu_without_triton(tmp_path):
     # What `pip install -e .` then `python -m aotforge demo` gives on a CPU machine.
     code = ("import sys, runpy\n"
             "sys.modules['triton'] = None  # not installed\n"
@@ -46,6 +46,7 @@ def test_demo_runs_on_cpu_without_triton():
             "runpy.run_module('aotforge', run_name='__main__')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON", "AOTFORGE"))}
     env["PYTHONPATH"] = REPO
+    env["AOTFORGE_CACHE_DIR"] = str(tmp_path)  # a fresh install's empty cache
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

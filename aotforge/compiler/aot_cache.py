@@ -43,10 +43,21 @@ class Lookup:
     parts: dict
 
 
+@dataclasses.dataclass
+class Hit:
+    """What a hit loaded, for ``aotforge.inspect`` (the backends' ``on_hit``): the compiled
+    graphs by kind, the code of those that run as FX, and the seconds the load took."""
+    training: bool
+    parts: dict
+    codes: dict
+    seconds: float
+
+
 def lookup(model: Any, example_inputs: Sequence[Any], inner_compile: Callable,
            boxed: Callable) -> tuple[Optional[Lookup], Optional[Callable]]:
     """The compile's key, and its rebuilt callable when the cache holds a usable entry.
-    ``boxed``: makes the callable of a loaded compiled graph (the pipeline's)."""
+    ``boxed``: makes the callable of a loaded compiled graph (the pipeline's). A hit is told
+    to ``inner_compile.on_aot_cache_hit(Hit)`` when the caller set one."""
     # verify and CUDA graphs (main's config.cudagraphs) wrap each compiled graph with its FX graph
     if config.verify or getattr(config, "cudagraphs", False) or not getattr(inner_compile, "aot_cacheable", False):
         if config.cache:
@@ -57,7 +68,7 @@ def lookup(model: Any, example_inputs: Sequence[Any], inner_compile: Callable,
     def load_graph(name: str, kind: str, described: Any) -> Optional[Callable]:
         graph = graph_cache.load(kind, described, {}, None, f"{name}:{kind}")
         return None if graph is None else boxed(graph)
-    return _lookup("kernels", model, example_inputs, load_graph)
+    return _lookup("kernels", model, example_inputs, load_graph, getattr(inner_compile, "on_aot_cache_hit", None))
 
 
 def _name() -> str:
@@ -65,7 +76,8 @@ def _name() -> str:
 
 
 def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
-            load_graph: Callable[[str, str, Any], Optional[Callable]]) -> tuple[Optional[Lookup], Optional[Callable]]:
+            load_graph: Callable[[str, str, Any], Optional[Callable]],
+            on_hit: Optional[Callable[[Hit], None]]) -> tuple[Optional[Lookup], Optional[Callable]]:
     """``path_kind``: what the compiled graphs are ("kernels": compiled-graph cache keys;
     "fx": the FX graphs themselves). ``load_graph(name, kind, stored)``: a compiled graph."""
     if not config.cache:
@@ -94,7 +106,11 @@ def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
         debug.note("cache", f"{name}: AOT miss (the entry cannot be loaded)")
         return found, None
     params, _ = lifted_state(model)
-    debug.note("cache", f"{name}: AOT hit ({found.key[:16]}, {time.perf_counter() - started:.3f}s)")
+    seconds = time.perf_counter() - started
+    debug.note("cache", f"{name}: AOT hit ({found.key[:16]}, {seconds:.3f}s)")
+    if on_hit is not None:
+        codes = {kind: stored["code"] for kind, stored in entry["graphs"].items()} if path_kind == "fx" else {}
+        on_hit(Hit(bool(entry["plan"]["training"]), compiled, codes, seconds))
     return found, bind_parameters(run, params, model)
 
 
@@ -122,11 +138,13 @@ def store(found: Optional[Lookup], compiled: Callable, graphs: dict) -> None:
 
 # --- graphs that run as FX (CPU tensors: no code generation) -------------------------------------------
 
-def compile_fx_graphs(model: Any, example_inputs: Sequence[Any], compile: Callable[[Callable], Callable]) -> Callable:
+def compile_fx_graphs(model: Any, example_inputs: Sequence[Any], compile: Callable[[Callable], Callable],
+                      on_hit: Optional[Callable[[Hit], None]] = None) -> Callable:
     """An AOT compile whose graphs run as their own FX code, through the AOT cache:
     ``compile(keep)`` runs AOT autograd with each compiler wrapped by ``keep(kind, compiler)``,
-    which keeps the graph the compiler is handed (the graph that runs)."""
-    found, hit = _lookup("fx", model, example_inputs, lambda name, kind, stored: fx_graph_from_entry(stored))
+    which keeps the graph the compiler is handed (the graph that runs); ``on_hit(Hit)`` is
+    told what a hit loaded."""
+    found, hit = _lookup("fx", model, example_inputs, lambda name, kind, stored: fx_graph_from_entry(stored), on_hit)
     if hit is not None:
         return hit
     graphs: dict = {}

@@ -317,10 +317,10 @@ def _patched(fn: Callable, config_patches: dict) -> Callable:
     if not config_patches:
         return fn
 
+    @functools.wraps(fn)  # keeps what the AOT cache reads (aot_cacheable, on_aot_cache_hit)
     def run_patched(*args: Any, **kwargs: Any) -> Any:
         with config.patch(**config_patches):
             return fn(*args, **kwargs)
-    run_patched.aot_cacheable = getattr(fn, "aot_cacheable", False)  # type: ignore[attr-defined]
     return run_patched
 
 

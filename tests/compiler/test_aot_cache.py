@@ -164,3 +164,26 @@ def test_cpu_graphs_that_run_as_fx_hit(cache_on, capsys, monkeypatch):
     assert "AOT hit" in compile_and_check(capsys, grad=False)
     (entry,) = [p for p in cache_on.glob("compile_*.json") if b'"training": true' in p.read_bytes()]
     assert b"def forward(self" in entry.read_bytes()  # the FX code, not compiled-graph keys
+
+
+@pytest.mark.parametrize("triton", [True, False], ids=["kernels", "fx"])
+def test_inspect_shows_what_a_hit_loaded(cache_on, capsys, monkeypatch, triton):
+    """A hit traces and compiles nothing, yet ``aotforge.inspect`` still has the compile: a
+    record marked as loaded, with its compiled graphs (and, on the FX path, their code)."""
+    import aotforge
+
+    monkeypatch.setattr(config, "triton_on_cpu", triton)
+    compile_and_check(capsys)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aotforge")
+    x, w, b = make_inputs()
+    compiled(x, w, b).sum().backward()
+    record = aotforge.inspect(compiled).records[-1]  # (records are kept per function)
+    assert record.cached and record.kind == "training"
+    assert set(record.compiled) == {"forward", "backward"}
+    assert "loaded from the AOT cache" in str(record)
+    if triton:
+        assert record.compiled["forward"].compiled_graph.kernels
+    else:
+        assert "torch.ops.aten.mm" in record.graph_code["forward"]
+        assert "--- forward graph (its code, from the AOT cache) ---" in str(record)
