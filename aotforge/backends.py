@@ -50,7 +50,7 @@ COMPILER_ONLY_OPTIONS: dict[str, str] = {
 }
 
 CPU_NOTICE = ("aotforge: graphs on CPU tensors run as plain ATen calls (eager's own kernels, "
-              "about eager's speed): aotforge generates kernels for CUDA tensors only, so far. "
+              "about eager's speed), without aotforge's C++ kernels: {why}. "
               "Said once per process; AOTFORGE_LOG=compile says it per graph.")
 
 
@@ -114,10 +114,10 @@ def _notice_once(key: str, emit: Callable[[], None]) -> None:
         emit()
 
 
-def _cpu_notices(mode: Optional[str], options: Optional[dict]) -> None:
-    """Graphs on CPU tensors run as ATen calls: say so once per process, and once per option
-    that asks for compiler work there (under the compile's patches)."""
-    _notice_once("cpu", lambda: debug.log.warning(CPU_NOTICE))
+def _cpu_notices(mode: Optional[str], options: Optional[dict], why: str) -> None:
+    """Graphs on CPU tensors run as ATen calls: say so (and ``why``) once per process, and
+    once per option that asks for compiler work there (under the compile's patches)."""
+    _notice_once("cpu", lambda: debug.log.warning(CPU_NOTICE.format(why=why)))
     debug.explain_silent_topics_on_cpu()
     from_mode = MODES.get(mode or "default", {})
     for name, what in COMPILER_ONLY_OPTIONS.items():
@@ -156,8 +156,13 @@ def _devices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> set[str]:
     return devices
 
 
-def _runs_unfused_on_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    return not config.triton_on_cpu and _devices(gm, example_inputs) <= {"cpu"}
+def _runs_unfused_on_cpu(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Optional[str]:
+    """Why this graph of CPU tensors runs as its ATen calls; None when it gets kernels."""
+    if config.triton_on_cpu or not _devices(gm, example_inputs) <= {"cpu"}:
+        return None
+    from .compiler.pipeline import cpu_codegen_problem  # (probes the C++ compiler once)
+
+    return cpu_codegen_problem()
 
 
 def _compile_scope(recorder, gm: fx.GraphModule):
@@ -219,14 +224,13 @@ def aotforge_backend(gm: fx.GraphModule, example_inputs, **kwargs):
     mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
     patches = config_patches(mode, options)
     with config.patch(**patches):
-        if _runs_unfused_on_cpu(gm, example_inputs):
-            _cpu_notices(mode, options)
+        why = _runs_unfused_on_cpu(gm, example_inputs)
+        if why is not None:
+            _cpu_notices(mode, options, why)
             debug.log_once(
                 "compile", "cpu_unfused",
-                "graphs with CPU inputs run un-decomposed as FX graphs (eager's ATen kernels): "
-                "aotforge generates kernels only for CUDA tensors until its CPU code generator "
-                "exists, and decomposed ATen op by op is slower than eager on CPU "
-                "(config.triton_on_cpu forces the Triton path, for tests)",
+                f"graphs with CPU inputs run un-decomposed as FX graphs (eager's ATen kernels): {why}; "
+                "decomposed ATen op by op is slower than eager on CPU",
             )
             if config.cudagraphs:
                 from .compiler.runtime.cudagraphs import nothing_to_do_on_cpu

@@ -50,6 +50,10 @@ class Config:
     cache: bool = True
     # Run the Triton path even for CPU tensors (needs TRITON_INTERPRET=1); for tests.
     triton_on_cpu: bool = False
+    # Graphs on CPU tensors get fused C++ kernels, built with the system's C++ compiler ($CXX,
+    # c++, g++ or clang++; flags from AOTFORGE_CXXFLAGS are added). Off, or with no working
+    # compiler, they run as their own ATen calls (eager's kernels).
+    cpu_codegen: bool = True
     # Autotune large reductions over a few block sizes (results cached on disk). Off by
     # default: measured on nanoGPT-124M (H100), the heuristic's first choice ran a step as fast
     # as the tuned choices, and tuning tripled the reductions' compiles. mode="max-autotune"

@@ -32,6 +32,7 @@ from ..config import config
 from ..partition import min_cut_rematerialization_partition
 from . import aot_cache, passes
 from .codegen.kernel import emit_kernels
+from .codegen.cpp import CppPrinter
 from .codegen.triton import TritonPrinter
 from .codegen.wrapper import emit_wrapper
 from .decompositions import select_decomposition_table
@@ -96,7 +97,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         return _boxed(_aten_graph(kind, gm, {}))
     clock = _Stopwatch(_take_aot_timings(kind, aot_timings))
     # keyed on the graph as handed over (before any pass); a hit skips every stage below
-    cache, hit = graph_cache.lookup(kind, gm, example_inputs, _run_fx(gm)) if _wants_triton(gm) else (None, None)
+    cache, hit = graph_cache.lookup(kind, gm, example_inputs, _run_fx(gm)) if _wants_kernels(gm) else (None, None)
     if hit is not None:
         hit.timings = {**clock.timings, **hit.timings}
         _log_output_code(hit)
@@ -107,7 +108,7 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         gm = passes.post_grad_passes(gm)
     debug.graph_artifact("graphs", f"{kind}_post_grad", gm)
     sizes = _size_vars(gm)                                 # SizeVars: symbols, where each is read
-    if not (_wants_triton(gm) and sizes is not None and _is_functional(gm)):
+    if not (_wants_kernels(gm) and sizes is not None and _is_functional(gm)):
         # FX's generated code: one ATen call per node, frees at last use
         return _boxed(_aten_graph(kind, gm, clock.timings), gm)
     try:
@@ -129,26 +130,24 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 compile_fx_inner.aot_cacheable = True  # type: ignore[attr-defined]
 
 
-# The code generator of each device: the printer that spells its kernels (codegen) and the
-# loader that makes them callable (runtime). Triton serves CUDA, and the CPU under
-# ``config.triton_on_cpu``; a target is a printer and a loader, nothing else.
-TARGETS: dict[str, tuple[Callable, Callable]] = {
-    "cuda": (TritonPrinter, runtime.triton_launcher),
-    "cpu": (TritonPrinter, runtime.triton_launcher),
-}
+# The code generator of each device: the printer that spells its kernels (codegen); the
+# kernels' language picks the loader that makes them callable (runtime.LOADERS). Triton
+# serves CUDA, C++ the CPU (Triton too under ``config.triton_on_cpu``, for tests).
+TARGETS: dict[str, Callable[[], Any]] = {"cuda": TritonPrinter, "cpu": CppPrinter}
 
 
-def _target(gm: fx.GraphModule) -> tuple[Any, Callable]:
-    devices = {n.meta["val"].device.type for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
-    make_printer, launcher = TARGETS["cuda" if "cuda" in devices else "cpu"]
-    return make_printer(), launcher
+def _printer(gm: fx.GraphModule) -> Any:
+    devices = _devices(gm)
+    if "cuda" in devices or config.triton_on_cpu:
+        return TARGETS["cuda"]()
+    return TARGETS["cpu"]()
 
 
 def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "_Stopwatch") -> CompiledGraph:
     """The stages from the post-grad graph to the loaded program."""
     with clock("post_grad_passes"):
         gm = passes.library_call_passes(gm, kind)              # padded matmuls, scatter-add accumulation
-    printer, launcher = _target(gm)
+    printer = _printer(gm)
     with clock("lower"):
         lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
@@ -164,7 +163,7 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
         kernels = emit_kernels(lowered, plan, reads, printer)  # KernelSource per kernel group
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
-                            run_aten_graph=_run_fx(gm), launcher=launcher)
+                            run_aten_graph=_run_fx(gm))
     _log_output_code(compiled)
     return compiled
 
@@ -249,15 +248,27 @@ def _is_fake(x: Any) -> bool:
     return isinstance(x, FakeTensor)
 
 
-def _wants_triton(gm: fx.GraphModule) -> bool:
-    devices = set()
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            devices.add(val.device.type)
-    if "cuda" in devices:
+def _devices(gm: fx.GraphModule) -> set[str]:
+    return {n.meta["val"].device.type for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+
+
+def _wants_kernels(gm: fx.GraphModule) -> bool:
+    """Whether the graph gets generated kernels: on CUDA always; on the CPU with Triton's
+    interpreter (tests) or with C++ (``cpu_codegen_problem`` says when not)."""
+    devices = _devices(gm)
+    if "cuda" in devices or config.triton_on_cpu:
         return True
-    return config.triton_on_cpu
+    return cpu_codegen_problem() is None
+
+
+def cpu_codegen_problem() -> Optional[str]:
+    """None when CPU graphs get C++ kernels; else why they run as ATen calls."""
+    if not config.cpu_codegen:
+        return "config.cpu_codegen is off"
+    from .runtime import cpp_build  # probes the C++ compiler once per process
+
+    problem = cpp_build.compiler_problem()
+    return None if problem is None else f"no usable C++ compiler: {problem}"
 
 
 def _size_vars(gm: fx.GraphModule) -> Optional[SizeVars]:

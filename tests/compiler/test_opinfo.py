@@ -98,9 +98,11 @@ def _float_outputs(out):
     return [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
 
 
+@pytest.mark.parametrize("target", ["triton", "cpp"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("info", _opinfos(), ids=lambda info: info.name)
-def test_op_matches_eager(info, dtype):
+def test_op_matches_eager(info, dtype, target):
+    """``target``: Triton's kernels in its interpreter, or the C++ kernels of the CPU target."""
     if dtype not in info.supported_dtypes("cpu"):
         pytest.skip(f"{info.name} does not support {dtype}")
     differentiable = info.supports_autograd and dtype.is_floating_point
@@ -124,7 +126,7 @@ def test_op_matches_eager(info, dtype):
                                          inference_compiler=_recording_compiler,
                                          decompositions=select_decomposition_table())
         tensors = _fresh(tensors)
-        with config.patch(triton_on_cpu=True):
+        with config.patch(triton_on_cpu=target == "triton", cpu_codegen=True):
             try:
                 actual = compiled(*tensors)
             except NotImplementedError as error:
@@ -144,7 +146,7 @@ def test_op_matches_eager(info, dtype):
             eager_grad_inputs = [t for t in eager_inputs if t.requires_grad]
             expected_grads = torch.autograd.grad([e for _, e in grad_outputs], eager_grad_inputs, cotangents,
                                                  allow_unused=True)
-            with config.patch(triton_on_cpu=True):
+            with config.patch(triton_on_cpu=target == "triton", cpu_codegen=True):
                 actual_grads = torch.autograd.grad([a for a, _ in grad_outputs], grad_inputs, cotangents,
                                                    allow_unused=True)
             for a, e in zip(actual_grads, expected_grads):

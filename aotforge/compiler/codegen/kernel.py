@@ -73,6 +73,7 @@ class KernelSource:
     size_symbols: tuple = ()
     hints: tuple = ()  # hint of each size symbol, then of numel and rnumel
     int64: bool = False  # index arithmetic in 64 bits
+    language: str = "triton"  # the printer's (``triton`` or ``cpp``): which loader loads it
 
     @property
     def dynamic(self) -> bool:
@@ -81,32 +82,63 @@ class KernelSource:
                                                and sympy.sympify(self.rnumel).is_Integer)
 
 
-# --- the index printer (Python's integer syntax: Triton's, NumPy's and the wrapper's) -------
+# --- the index printer (Python's integer syntax: Triton's, NumPy's and the wrapper's; C++'s
+# with ``/`` for the floor division of non-negative integers) ---------------------------------
 
-@functools.lru_cache(maxsize=65536)
 def texpr(expr: sympy.Expr) -> str:
     """Print an index expression (``//`` and ``%`` on non-negative integers)."""
+    return print_index(expr, "//")
+
+
+@functools.lru_cache(maxsize=65536)
+def print_index(expr: sympy.Expr, floordiv: str) -> str:
+    """An index expression, with ``floordiv`` for the division of non-negative integers."""
+    def text(e: sympy.Expr) -> str:
+        return print_index(e, floordiv)
+
+    def atom_(e: sympy.Expr) -> str:
+        return f"({text(e)})" if isinstance(e, (sympy.Add, sympy.Mul, sympy.Pow)) else text(e)
+
     if isinstance(expr, sympy.Symbol):
         return expr.name
     if isinstance(expr, sympy.Integer):
         return str(int(expr))
     if isinstance(expr, FloorDiv):
-        return f"({atom(expr.args[0])} // {atom(expr.args[1])})"
+        return f"({atom_(expr.args[0])} {floordiv} {atom_(expr.args[1])})"
     if isinstance(expr, ModularIndexing):
         base, divisor, modulus = expr.args
-        inner = atom(base) if divisor == 1 else f"({atom(base)} // {atom(divisor)})"
-        return f"({inner} % {atom(modulus)})"
+        inner = atom_(base) if divisor == 1 else f"({atom_(base)} {floordiv} {atom_(divisor)})"
+        return f"({inner} % {atom_(modulus)})"
     if isinstance(expr, sympy.Add):
-        return " + ".join(texpr(a) for a in sorted(expr.args, key=str))
+        return " + ".join(text(a) for a in sorted(expr.args, key=str))
     if isinstance(expr, sympy.Mul):
-        return "*".join(texpr(a) if not isinstance(a, sympy.Add) else f"({texpr(a)})" for a in expr.args)
+        return "*".join(text(a) if not isinstance(a, sympy.Add) else f"({text(a)})" for a in expr.args)
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
-        return "*".join([atom(expr.base)] * int(expr.exp))
+        return "*".join([atom_(expr.base)] * int(expr.exp))
     raise NotImplementedError(f"cannot print index expression {expr!r} ({type(expr).__name__})")
 
 
-def atom(expr: sympy.Expr) -> str:
-    return f"({texpr(expr)})" if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow)) else texpr(expr)
+class Printer:
+    """What a target's printer spells beyond the lines it is asked for, with the answers of a
+    target of Python syntax over blocks (Triton's; a printer subclasses this and overrides
+    what differs: triton.py, cpp.py)."""
+
+    language = "python"
+    whole_rows = True  # a persistent reduction holds its whole row at once
+    body_indent = "    "  # of the kernel's body lines, under the header
+    numel_anchor = ", xnumel"  # the header's text before which size parameters are added
+
+    def index(self, expr: sympy.Expr) -> str:
+        return texpr(expr)
+
+    def size_parameter(self, name: str) -> str:
+        return name
+
+    def end_loop(self) -> list[str]:
+        return []  # indentation ends a Python loop
+
+    def epilogue(self) -> list[str]:
+        return []
 
 
 class KernelBuilder:
@@ -120,7 +152,9 @@ class KernelBuilder:
         self.p = printer
         self.numel, self.rnumel = group.numel, group.rnumel
         self.is_reduction = group.rnumel != 1
-        self.persistent = group.kind == "persistent"  # decided by fusion, recorded on the group
+        # decided by fusion, recorded on the group; a target without registers for a whole row
+        # (C++) walks every reduction in loops
+        self.persistent = group.kind == "persistent" and printer.whole_rows
         self.members = {n.name: n for n in group.nodes if n.mutates is None}
         self.arguments: dict[str, str] = {}
         self.top: list[str] = []
@@ -177,7 +211,7 @@ class KernelBuilder:
         mask and value have one shape): the printer widens an index that lacks a variable."""
         needed = set() if level == 0 else {XINDEX, RINDEX} if (level == 2 and self.is_reduction) else {XINDEX}
         full = level > 0 and needed <= index.free_symbols
-        return self.p.block_index(texpr(index), level, self.is_reduction, full)
+        return self.p.block_index(self.p.index(index), level, self.is_reduction, full)
 
     def _argument(self, name: str) -> str:
         """The kernel parameter for buffer ``name``: named by position, not by buffer."""
@@ -201,7 +235,7 @@ class KernelBuilder:
             # a row-invariant read (a weight indexed by rindex alone) loads one row's worth and
             # broadcasts: no per-row copies of the same addresses
             parts = [m for m, symbol in (("xmask", XINDEX), ("rmask", RINDEX)) if symbol in varying]
-            text = self.p.load(self._argument(name), texpr(index), self.p.mask_and(parts))
+            text = self.p.load(self._argument(name), self.p.index(index), self.p.mask_and(parts))
         else:
             text = self.p.load(self._argument(name), self._block_index(index, level), self._mask(level))
         return self._emit(self.p.upcast(text, buffer_dtype), compute_dtype(buffer_dtype), level)
@@ -233,10 +267,11 @@ class KernelBuilder:
         level = self._level_of_index(expr)
         if level == 0 and expr.is_Integer:
             return self.constant(int(expr), dtype)
-        return self._emit(self.p.index_expr(texpr(expr), dtype, level), dtype, level)
+        return self._emit(self.p.index_expr(self.p.index(expr), dtype, level), dtype, level)
 
     def indirect_indexing(self, value: Var, size: Any, check: bool = True) -> sympy.Symbol:
-        var = self._emit(self.p.wrap_negative(value.name, atom(sympy.sympify(size))), value.dtype, value.level)
+        var = self._emit(self.p.wrap_negative(value.name, f"({self.p.index(sympy.sympify(size))})"), value.dtype,
+                         value.level)
         self.symbol_levels[var.name] = var.level
         return sympy.Symbol(var.name, integer=True)
 
@@ -273,7 +308,7 @@ class KernelBuilder:
             value = self._emit(self.p.broadcast(value.name, 2, True), dtype, 2)
         identity = self.constant(kind.identity_value(dtype), dtype)
         final = Var(next(self.names), torch.int64 if kind.returns_index else dtype, 1)
-        index_bound = texpr(sympy.sympify(self.rnumel))
+        index_bound = self.p.index(sympy.sympify(self.rnumel))
         if self.persistent:
             masked = self._emit(self.p.where(mask, value.name, identity.name), dtype, 2)
             self.top.extend(self.p.finish(kind, masked.name, final.name, "rindex", index_bound))
@@ -299,6 +334,7 @@ class KernelBuilder:
         header, prologue = self.p.loop()
         self.top.append(header)
         self.top.extend("    " + line for line in prologue + self.loop)
+        self.top.extend(self.p.end_loop())
         self.top.extend(self.loop_after)
         self.loop = None
         self.open_reductions.clear()
@@ -347,18 +383,21 @@ class KernelBuilder:
                 self._codegen_node(buffer, reads.of(buffer))
         self._close_loop()
         parameters = list(self.arguments.values()) + ["xnumel"] + (["rnumel"] if self.is_reduction else [])
-        body = self.p.header("KERNEL", parameters, self.is_reduction)
-        body += ["    " + line for line in self.p.prologue(self.is_reduction, self.persistent, self.int64) + self.top]
+        pointer_dtypes = tuple(buffer_dtypes[a] for a in self.arguments)
+        body = self.p.header("KERNEL", parameters, self.is_reduction, pointer_dtypes)
+        body += ["    " + line for line in self.p.prologue(self.is_reduction, self.persistent, self.int64)]
+        body += [self.p.body_indent + line for line in self.top]
+        body += self.p.epilogue()
         kind = self.group.kind
-        text, symbols = _size_parameters("\n".join(body))
+        text, symbols = _size_parameters("\n".join(body), self.p)
         name = f"aot_{kind}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         arguments = tuple(self.arguments)
         numel, rnumel = _number(self.numel), _number(self.rnumel)
         hints = tuple(self.hint(s) for s in symbols) + (self.hint(numel), self.hint(rnumel))
         return KernelSource(self.group.name, name, self.p.rename(text, "KERNEL", name), arguments,
-                            tuple(buffer_dtypes[a] for a in arguments), numel, rnumel, kind,
+                            pointer_dtypes, numel, rnumel, kind,
                             any(n.mutates is not None for n in self.group.nodes), self.group.reduction_contiguous,
-                            symbols, hints, self.int64)
+                            symbols, hints, self.int64, self.p.language)
 
 
 def emit_kernels(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads, printer: Any) -> tuple[KernelSource, ...]:
@@ -375,7 +414,7 @@ def emit_kernels(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads, pr
 _SIZE_SYMBOL = re.compile(rf"\b{SIZE_SYMBOL_NAME.pattern}\b")
 
 
-def _size_parameters(text: str) -> tuple[str, tuple]:
+def _size_parameters(text: str, printer: Any) -> tuple[str, tuple]:
     """Name the size symbols a kernel's text uses by position (``s77`` -> ``ks0``), as its
     buffers are, so that the same kernel of two graphs has one source; add them as
     parameters before ``xnumel``. Returns the text and the symbol of each parameter."""
@@ -388,7 +427,8 @@ def _size_parameters(text: str) -> tuple[str, tuple]:
         return text, ()
     names = {s.name: f"ks{i}" for i, s in enumerate(symbols)}
     text = _SIZE_SYMBOL.sub(lambda m: names[m.group(0)], text)
-    text = text.replace(", xnumel", "".join(f", {names[s.name]}" for s in symbols) + ", xnumel", 1)
+    anchor = printer.numel_anchor
+    text = text.replace(anchor, "".join(f", {printer.size_parameter(names[s.name])}" for s in symbols) + anchor, 1)
     return text, tuple(symbols)
 
 

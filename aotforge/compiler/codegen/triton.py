@@ -19,6 +19,7 @@ import torch
 
 from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
+from .kernel import Printer
 from .triton_ops import (ACCUMULATE, ARITHMETIC, BEATS, COMBINE_FUNCTION, HELPERS, PREDICATES, TRITON_DTYPE,
                          spell)
 
@@ -35,8 +36,10 @@ def _literal(value: Any) -> str:
     return repr(int(value))
 
 
-class TritonPrinter:
+class TritonPrinter(Printer):
     """Spells the builder's lines in Triton (one line of text per call)."""
+
+    language = "triton"
 
     def assign(self, name: str, expression: str) -> str:
         return f"{name} = {expression}"
@@ -133,7 +136,7 @@ class TritonPrinter:
 
     # --- the kernel function --------------------------------------------------------------------
 
-    def header(self, name: str, parameters: list[str], is_reduction: bool) -> list[str]:
+    def header(self, name: str, parameters: list[str], is_reduction: bool, dtypes: tuple = ()) -> list[str]:
         return [f"def {name}({', '.join(parameters)}, "
                 f"XBLOCK: tl.constexpr{', RBLOCK: tl.constexpr' if is_reduction else ''}):"]
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..codegen.cpp import translation_unit
 from ..codegen.kernel import KernelSource
 from ..codegen.triton import module_prelude
 from ..codegen.wrapper import Program
@@ -49,7 +50,9 @@ class CompiledGraph:
 
     @property
     def path(self) -> str:
-        return "triton" if self.program is not None else "aten"
+        if self.program is None:
+            return "aten"
+        return self.kernels[0].language if self.kernels else "triton"
 
     @property
     def wrapper_source(self) -> str:
@@ -57,8 +60,10 @@ class CompiledGraph:
 
     @property
     def kernel_source(self) -> str:
-        """Every distinct kernel of the graph, as one module's text."""
+        """Every distinct kernel of the graph, as one module's (or translation unit's) text."""
         unique = {k.name: k.source for k in self.kernels}
+        if self.kernels and self.kernels[0].language == "cpp":
+            return translation_unit(list(unique.values()))
         return module_prelude(modules.interpreting()) + "\n\n" + "\n\n".join(
             f"@triton.jit\n{text}\n" for text in unique.values())
 
@@ -71,7 +76,7 @@ class CompiledGraph:
         else:
             counts = dict(externs=len(self.kernel_plan.steps) - len(self.kernels), lowered=dict(self.lowered.lowered_ops),
                           fallbacks=dict(self.lowered.fallback_ops), lowering_errors=list(self.lowered.lowering_errors))
-        return dict(path="triton", kind=self.kind, kernels=len(self.kernels), unique_kernels=len({k.name for k in self.kernels}),
+        return dict(path=self.kernels[0].language if self.kernels else "triton", kind=self.kind, kernels=len(self.kernels), unique_kernels=len({k.name for k in self.kernels}),
                     **counts, wrapper=self.wrapper_source,
                     kernel_source=self.kernel_source, seconds=sum(self.timings.values()), timings=dict(self.timings))
 
@@ -98,6 +103,23 @@ class CompiledGraph:
         return "\n\n".join(sections)
 
 
+def triton_kernels(kernels: tuple, precompile: bool = True) -> dict:
+    """The Triton target's loader: each kernel group's launcher. Longest sources first: each
+    launcher hands its kernel to the compile pool as it is made, and starting the slowest
+    compiles first keeps the pool's last round short."""
+    return {source.group: triton_launcher(source, precompile) for source in sorted(kernels, key=lambda k: -len(k.source))}
+
+
+def _cpp_kernels(kernels: tuple, precompile: bool = True) -> dict:
+    from . import cpp_launch  # loaded with the first C++ graph
+
+    return cpp_launch.load_kernels(kernels, precompile)
+
+
+# each kernel language's loader: kernel sources -> {kernel group: launcher with run(*arguments)}
+LOADERS: dict[str, Callable[..., dict]] = {"triton": triton_kernels, "cpp": _cpp_kernels}
+
+
 def triton_launcher(source: KernelSource, precompile: bool = True) -> Any:
     """The Triton target's loader: the launcher (``launch.Kernel``) of one kernel source,
     shared by identical kernels of every graph. ``precompile``: hand it to the compile pool."""
@@ -120,17 +142,18 @@ def triton_launcher(source: KernelSource, precompile: bool = True) -> Any:
 
 def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
          program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None,
-         launcher: Callable[..., Any] = triton_launcher, precompile: bool = True) -> CompiledGraph:
+         launcher: Optional[Callable[[KernelSource], Any]] = None, precompile: bool = True) -> CompiledGraph:
     """``run_aten_graph``: the graph's own ATen calls, for a call whose symbolic sizes are
-    too large for the kernels' 32-bit indexing. ``launcher``: the target's loader, an object
-    with ``run(*arguments)`` per kernel source. ``precompile`` (Triton): hand the kernels to the
+    too large for the kernels' 32-bit indexing. The kernels are loaded by their language's
+    loader (``LOADERS``), or by ``launcher`` (a target of the caller's own: one object with
+    ``run(*arguments)`` per kernel source). ``precompile`` (Triton): hand the kernels to the
     compile pool (False for a graph from the compiled-graph cache: Triton's cache holds its
     binaries, and loading one at the first launch is quicker than a worker's round trip)."""
     started = time.perf_counter()
-    load_one = launcher if precompile else (lambda source: launcher(source, precompile=False))
-    # longest sources first: each launcher hands its kernel to the compile pool as it is made,
-    # and starting the slowest compiles first keeps the pool's last round short
-    launchers = {source.group: load_one(source) for source in sorted(kernels, key=lambda k: -len(k.source))}
+    if launcher is not None:
+        launchers = {source.group: launcher(source) for source in kernels}
+    else:
+        launchers = LOADERS[kernels[0].language if kernels else "triton"](kernels, precompile)
     namespace = dict(program.namespace)
     namespace.update(launchers)
     namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aotforge.compiler.codegen.kernel import emit_kernels
+from aotforge.compiler.codegen.kernel import Printer, emit_kernels
 from aotforge.compiler.codegen.wrapper import emit_wrapper
 from aotforge.compiler.lowering import lower
 from aotforge.compiler.runtime import compiled as runtime
@@ -47,7 +47,7 @@ def _store(pointer, index, value, mask=None):
 '''
 
 
-class NumpyPrinter:
+class NumpyPrinter(Printer):
     """Whole-array NumPy: one "program" covers every output (XBLOCK = xnumel); a looped
     reduction walks its rows in RBLOCK chunks, as a GPU program would."""
 
@@ -110,7 +110,7 @@ class NumpyPrinter:
     def loop(self):
         return "for roffset in range(0, rnumel, RBLOCK):", ["rindex = roffset + rbase", "rmask = rindex < rnumel"]
 
-    def header(self, name, parameters, is_reduction):
+    def header(self, name, parameters, is_reduction, dtypes):
         return [f"def {name}({', '.join(parameters)}, XBLOCK, RBLOCK=1):"]
 
     def prologue(self, is_reduction, persistent, int64):

@@ -1,0 +1,197 @@
+"""The C++ printer: the CPU target's spelling of the kernel builder's lines (codegen/kernel.py),
+beside Triton's (triton.py). Same kernel plan, same builder, another language.
+
+A kernel is an ``extern "C"`` function of raw pointers and sizes. Triton works on blocks of
+elements; C++ here works on one element at a time, in loops the C++ compiler vectorizes:
+
+* pointwise: one loop over the outputs (``xindex``), parallel over threads with OpenMP when
+  there is enough work;
+* reductions: the same outer loop over rows, and for each row a loop over the reduced axis
+  (``rindex``). Every reduction walks its row (``whole_rows = False``): a persistent Triton
+  kernel holds a row in registers, a C++ one has no such registers, and the builder then
+  gives the looped form (a value that needs a finished reduction starts a new loop).
+
+Example (the sum of each row of a 16 x 64 float tensor)::
+
+    extern "C" int aot_looped_...(float* ptr0, float* ptr1, int64_t xnumel, int64_t rnumel) {
+        aot_error = 0;
+        #pragma omp parallel for if(xnumel * rnumel >= AOT_PARALLEL_WORK) num_threads(aot_num_threads)
+        for (int64_t xindex = 0; xindex < xnumel; ++xindex) {
+            constexpr bool xmask = true;
+            auto acc_buf0 = static_cast<float>(0);
+            for (int64_t rindex = 0; rindex < rnumel; ++rindex) {
+                constexpr bool rmask = true;
+                auto tmp0 = ptr0[64*xindex + rindex];
+                if (xmask && rmask) acc_buf0 = static_cast<float>(acc_buf0 + tmp0);
+            }
+            auto tmp1 = acc_buf0;
+            ptr1[xindex] = tmp1;
+        }
+        return aot_error;
+    }
+
+Masks: ``xmask`` and ``rmask`` are always true (the loops stop at the sizes); the masks of
+``masked`` bodies guard loads (``m ? ptr[i] : 0``) and stores, so a masked-off element is
+never read or written.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import sympy
+import torch
+
+from ..dtypes import compute_dtype
+from ..reduction_kinds import ReductionKind
+from .kernel import Printer, print_index
+from .cpp_ops import ACCUMULATE, ARITHMETIC, BEATS, CPP_STORAGE_TYPE, CPP_TYPE, PREDICATES, PRELUDE, spell
+
+# elements (times the reduced size) below which a kernel runs on one thread: a parallel
+# region costs a few microseconds
+PARALLEL_WORK = 32768
+
+
+def _literal(value: Any, dtype: torch.dtype) -> str:
+    if isinstance(value, bool) or dtype == torch.bool:
+        return "true" if value else "false"
+    if isinstance(value, float) and not dtype.is_floating_point:
+        value = int(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NAN"
+        if math.isinf(value):
+            return "INFINITY" if value > 0 else "-INFINITY"
+        return repr(value)
+    value = int(value)
+    if value == -2**63:
+        return "(-9223372036854775807LL - 1)"
+    return f"{value}LL" if abs(value) > 2**31 - 1 else str(value)
+
+
+class CppPrinter(Printer):
+    """Spells the builder's lines in C++ (one statement per call)."""
+
+    language = "cpp"
+    whole_rows = False  # a persistent reduction is walked like a looped one (see the docstring)
+    body_indent = "        "  # inside the loop over outputs
+
+    def index(self, expr: sympy.Expr) -> str:
+        # every index variable is an int64_t, and sizes are non-negative: C++'s ``/`` floors
+        return print_index(expr, "/")
+
+    def assign(self, name: str, expression: str) -> str:
+        return f"auto {name} = {expression};"
+
+    def mask_and(self, parts: list[str]) -> str:
+        return " && ".join(parts)
+
+    def block_index(self, index: str, level: int, is_reduction: bool, full: bool) -> str:
+        return index  # one element at a time: nothing to widen
+
+    def broadcast(self, value: str, level: int, is_reduction: bool) -> str:
+        return value
+
+    def load(self, pointer: str, index: str, mask: Optional[str]) -> str:
+        # a masked-off element is not read: its index may be out of bounds
+        return f"(({mask}) ? {pointer}[{index}] : 0)" if mask else f"{pointer}[{index}]"
+
+    def upcast(self, load: str, dtype: torch.dtype) -> str:
+        if dtype == torch.bfloat16:
+            return f"aot_bf16_to_float({load})"
+        if dtype == torch.float16:
+            return f"static_cast<float>({load})"
+        return load
+
+    def store(self, pointer: str, index: str, value: str, mask: Optional[str]) -> str:
+        line = f"{pointer}[{index}] = {value};"
+        return f"if ({mask}) {line}" if mask else line
+
+    def downcast(self, value: str, held: torch.dtype, target: torch.dtype) -> str:
+        if target == torch.bool and held != torch.bool:
+            return f"({value} != 0)"
+        if target == torch.bfloat16:
+            return f"aot_float_to_bf16({value})"
+        if target != held:
+            return f"static_cast<{CPP_STORAGE_TYPE[target]}>({value})"
+        return value
+
+    def constant(self, value: Any, dtype: torch.dtype) -> str:
+        return f"static_cast<{CPP_TYPE[dtype]}>({_literal(value, dtype)})"
+
+    def to_dtype(self, value: str, dtype: torch.dtype) -> str:
+        if dtype == torch.bool:
+            return f"({value} != 0)"
+        if dtype == torch.bfloat16:  # rounded through bfloat16, held as float
+            return f"aot_bf16_to_float(aot_float_to_bf16({value}))"
+        if dtype == torch.float16:
+            return f"static_cast<float>(static_cast<_Float16>({value}))"
+        return f"static_cast<{CPP_TYPE[dtype]}>({value})"
+
+    def index_expr(self, index: str, dtype: torch.dtype, level: int) -> str:
+        return f"static_cast<{CPP_TYPE[compute_dtype(dtype)]}>({index})"
+
+    def wrap_negative(self, value: str, size: str) -> str:
+        return f"aot_wrap_index({value}, {size})"  # and bounds-checked: never a stray read
+
+    def where(self, condition: str, a: str, b: str) -> str:
+        return f"(({condition}) ? {a} : {b})"
+
+    def instruction(self, name: str, args: list[str], dtype: torch.dtype) -> str:
+        if name in PREDICATES:
+            return f"({spell(PREDICATES[name], args, dtype)})"
+        return f"static_cast<{CPP_TYPE[dtype]}>({spell(ARITHMETIC[name], args, dtype)})"
+
+    # --- reductions and loops -----------------------------------------------------------------
+
+    def accumulator(self, kind: ReductionKind, name: str, identity: str, dtype: torch.dtype, bound: str) -> list[str]:
+        lines = [f"auto {name} = {identity};"]
+        if kind.returns_index:
+            lines.append(f"int64_t {name}_index = {bound};")
+        return lines
+
+    def accumulate(self, kind: ReductionKind, name: str, value: str, mask: str, bound: str, buffer: str) -> list[str]:
+        if not kind.returns_index:
+            step = ACCUMULATE[kind.combine].format(a=name, v=value)
+            return [f"if ({mask}) {name} = static_cast<decltype({name})>({step});"]
+        return [f"if (({mask}) && ({BEATS[kind.combine]}({value}, {name}) || {name}_index == {bound})) "
+                f"{{ {name}_index = rindex; {name} = {value}; }}"]
+
+    def finish(self, kind: ReductionKind, values: str, result: str, indices: str, bound: str) -> list[str]:
+        return [f"auto {result} = {indices if kind.returns_index else values};"]
+
+    def loop(self) -> tuple[str, list[str]]:
+        return "for (int64_t rindex = 0; rindex < rnumel; ++rindex) {", ["constexpr bool rmask = true;"]
+
+    def end_loop(self) -> list[str]:
+        return ["}"]
+
+    # --- the kernel function --------------------------------------------------------------------
+
+    numel_anchor = ", int64_t xnumel"  # size parameters go before it (kernel._size_parameters)
+
+    def size_parameter(self, name: str) -> str:
+        return f"int64_t {name}"
+
+    def header(self, name: str, parameters: list[str], is_reduction: bool, dtypes: tuple = ()) -> list[str]:
+        pointers = [f"{CPP_STORAGE_TYPE[dtype]}* {p}" for p, dtype in zip(parameters, dtypes)]
+        sizes = [f"int64_t {p}" for p in parameters[len(dtypes):]]
+        return [f'extern "C" int {name}({", ".join(pointers + sizes)}) {{']
+
+    def prologue(self, is_reduction: bool, persistent: bool, int64: bool) -> list[str]:
+        work = "xnumel * rnumel" if is_reduction else "xnumel"
+        return ["aot_error = 0;",
+                f"#pragma omp parallel for if({work} >= {PARALLEL_WORK}) num_threads(aot_num_threads)",
+                "for (int64_t xindex = 0; xindex < xnumel; ++xindex) {",
+                "    constexpr bool xmask = true;"]
+
+    def epilogue(self) -> list[str]:
+        return ["    }", "    return aot_error;", "}"]
+
+    def rename(self, text: str, placeholder: str, name: str) -> str:
+        return text.replace(f" int {placeholder}(", f" int {name}(", 1)
+
+
+def translation_unit(sources: list[str]) -> str:
+    """One graph's kernels as one C++ file: the prelude, then each distinct kernel."""
+    return PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
