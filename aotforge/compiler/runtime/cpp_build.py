@@ -45,6 +45,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -359,18 +360,18 @@ def _compile(command: list[str], output: str, source: str, stem: str, key: str, 
     source is kept next to the cache entry and named in the error."""
     start = time.perf_counter()
     try:
-        result = subprocess.run(command + ["-x", "c++", "-", "-o", output], input=source, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        returncode, stderr = _run_compiler(command + ["-x", "c++", "-", "-o", output], source)
     except subprocess.TimeoutExpired:
-        failure = f"did not finish within {COMPILE_TIMEOUT_S:.0f} s"
+        failure = f"did not finish within {COMPILE_TIMEOUT_S:g} s (the compiler was stopped)"
     except OSError as error:
         failure = f"could not be run: {error}"
     else:
-        if result.returncode == 0:
+        if returncode == 0:
             return time.perf_counter() - start
-        lines = result.stderr.splitlines()
+        lines = stderr.splitlines()
         shown = "\n".join(lines[:ERROR_LINES]) + (f"\n... ({len(lines) - ERROR_LINES} more lines)"
                                                   if len(lines) > ERROR_LINES else "")
-        failure = f"failed with exit status {result.returncode}:\n{shown}"
+        failure = f"failed with exit status {returncode}:\n{shown}"
     kept = os.path.join(folder, f"cpp_{key}.failed.cpp")
     try:
         disk_cache.atomic_write(kept, source.encode())
@@ -379,6 +380,23 @@ def _compile(command: list[str], output: str, source: str, stem: str, key: str, 
         where = f"the source could not be kept in {kept}: {error}"
     raise CppCompileError(f"aotforge: compiling the C++ kernels of {stem} {failure}\n"
                           f"command: {shlex.join(command)} -x c++ {shlex.quote(kept)} -o {stem}.so\n{where}")
+
+
+def _run_compiler(command: list[str], source: str) -> tuple[int, str]:
+    """(exit status, stderr). The compiler runs in a process group of its own, stopped whole on a
+    timeout or an interrupt: killing only the driver would leave cc1plus or the linker running."""
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        _, stderr = process.communicate(source, timeout=COMPILE_TIMEOUT_S)
+    except BaseException:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # it ended meanwhile
+        process.communicate()
+        raise
+    return process.returncode, stderr
 
 
 def _remove(path: str) -> None:

@@ -274,3 +274,11 @@ def test_two_threads_build_once(cache, monkeypatch):
         thread.join(timeout=60)
     assert len(compiles) == 1 and len(libraries) == 2 and libraries[0] is libraries[1]
     check_add(libraries[0])
+
+
+def test_a_compile_past_the_time_limit_is_stopped(cache, monkeypatch):
+    monkeypatch.setattr(cpp_build, "COMPILE_TIMEOUT_S", 0.001)
+    with pytest.raises(cpp_build.CppCompileError, match="did not finish within 0.001 s") as raised:
+        cpp_build.load_library(add_source("time limit"), "slow")
+    assert "failed.cpp" in str(raised.value)
+    assert not [name for name in os.listdir(cache) if name.startswith(".tmp-") or name.endswith(".so")]
