@@ -65,19 +65,23 @@ def _describe(report, device: torch.device) -> list[str]:
             if gm is not None:
                 ops = sum(1 for node in gm.graph.nodes
                           if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload))
-            elif kind in record.graph_code or kind in record.compiled:
-                ops = record.graph_code.get(kind, "").count("torch.ops.aten.")
+            elif kind in record.graph_code:
+                ops = record.graph_code[kind].count("torch.ops.aten.")
+            elif kind in record.compiled:
+                ops = None  # a compiled program from the cache: its graph was not kept
             else:
                 continue
             part = record.compiled.get(kind)
             compiled = getattr(part, "compiled_graph", None) if part is not None else None
             kernels = getattr(compiled, "kernels", None) if compiled is not None else None
             if kernels:
-                what = f"{len(kernels)} generated kernels"
+                language = {"cpp": "C++", "triton": "Triton"}.get(kernels[0].language, kernels[0].language)
+                what = f"{len(kernels)} generated {language} kernels"
             else:
                 what = ("no kernels: on CPU the graph runs as plain ATen calls (eager's own "
                         "kernels)" if device.type == "cpu" else "no kernels generated")
-            lines.append(f"  graph {record.number} {kind:<8} {ops:>3} ATen ops -> {what}")
+            source = f"{ops:>3} ATen ops" if ops is not None else "(cached)"
+            lines.append(f"  graph {record.number} {kind:<8} {source} -> {what}")
     return lines
 
 
@@ -174,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("forward", "backward", "inference"):
                 gm = record.graphs.get(kind)
                 code = gm.code if gm is not None else record.graph_code.get(kind)
+                part = record.compiled.get(kind)
                 if code is not None:
                     print(f"\n===== graph {record.number}: {kind} =====")
                     print(code.strip())
+                elif part is not None and part.compiled_graph is not None:  # the cache kept the program
+                    print(f"\n===== graph {record.number}: {kind} (its compiled program, from the cache) =====")
+                    print(part.compiled_graph.wrapper_source.strip())
     else:
         print("\n(python -m aotforge demo --graphs prints the graphs; AOTFORGE_LOG=all shows "
               "every stage)")

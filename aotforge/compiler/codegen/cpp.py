@@ -37,6 +37,7 @@ never read or written.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Optional
 
 import sympy
@@ -44,8 +45,12 @@ import torch
 
 from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
-from .kernel import Printer, print_index
+from .kernel import KernelShape, Printer, RowLoop, print_index
 from .cpp_ops import ACCUMULATE, ARITHMETIC, BEATS, CPP_STORAGE_TYPE, CPP_TYPE, PREDICATES, PRELUDE, spell
+
+# the OpenMP reduction of each combine instruction (aot_max/aot_min: the prelude's, which
+# propagate NaN as eager does; OpenMP's max would drop it)
+SIMD_REDUCTION = {"add": "+", "mul": "*", "maximum": "aot_max", "minimum": "aot_min"}
 
 # elements (times the reduced size) below which a kernel runs on one thread: a parallel
 # region costs a few microseconds
@@ -153,15 +158,22 @@ class CppPrinter(Printer):
     def accumulate(self, kind: ReductionKind, name: str, value: str, mask: str, bound: str, buffer: str) -> list[str]:
         if not kind.returns_index:
             step = ACCUMULATE[kind.combine].format(a=name, v=value)
-            return [f"if ({mask}) {name} = static_cast<decltype({name})>({step});"]
+            return [f"if ({mask}) {name} = {step};"]  # (converted back to the accumulator's type)
         return [f"if (({mask}) && ({BEATS[kind.combine]}({value}, {name}) || {name}_index == {bound})) "
                 f"{{ {name}_index = rindex; {name} = {value}; }}"]
 
     def finish(self, kind: ReductionKind, values: str, result: str, indices: str, bound: str) -> list[str]:
         return [f"auto {result} = {indices if kind.returns_index else values};"]
 
-    def loop(self) -> tuple[str, list[str]]:
-        return "for (int64_t rindex = 0; rindex < rnumel; ++rindex) {", ["constexpr bool rmask = true;"]
+    def loop(self, reductions: list) -> tuple[str, list[str]]:
+        """A loop over a row. One whose reductions all fold values (no argmax) is marked for
+        vectorization with its accumulators as SIMD reductions (partial results per lane,
+        folded at the end: the order of a sum changes, as in eager's vectorized sums)."""
+        header = "for (int64_t rindex = 0; rindex < rnumel; ++rindex) {"
+        if reductions and not any(kind.returns_index for kind, _, _ in reductions):
+            clauses = " ".join(f"reduction({SIMD_REDUCTION[kind.combine]}:{name})" for kind, name, _ in reductions)
+            header = f"#pragma omp simd {clauses}\n{header}"
+        return header, ["constexpr bool rmask = true;"]
 
     def end_loop(self) -> list[str]:
         return ["}"]
@@ -188,8 +200,118 @@ class CppPrinter(Printer):
     def epilogue(self) -> list[str]:
         return ["    }", "    return aot_error;", "}"]
 
+    def body(self, lines: list[str], loops: list[RowLoop], shape: KernelShape) -> list[str]:
+        """Three arrangements of the same lines: a reduction down columns (its rows are not
+        contiguous) walks a tile of columns per row, so that the columns' loads vectorize
+        (``_columns``); a pointwise kernel over rows of a broadcast operand walks rows then
+        columns, so that ``xindex % C`` becomes a plain loop counter (``_rows_of``); else
+        one loop over outputs, each walking its row (the builder's own order)."""
+        if shape.is_reduction and not shape.reduction_contiguous:
+            arranged = _columns(lines, loops, shape)
+            if arranged is not None:
+                return arranged
+        if not shape.is_reduction:
+            arranged = _rows_of(lines, shape)
+            if arranged is not None:
+                return arranged
+        return super().body(_split_row_loops(lines, loops, shape), loops, shape)
+
     def rename(self, text: str, placeholder: str, name: str) -> str:
         return text.replace(f" int {placeholder}(", f" int {name}(", 1)
+
+
+# columns a reduction down columns walks at once (a multiple of every SIMD width)
+COLUMN_TILE = 64
+_STORE = re.compile(r"\]\s*=[^=]")
+_MODULUS = re.compile(r"\(xindex % (\d+)\)")
+
+
+def _parallel_for(work: str) -> str:
+    return f"#pragma omp parallel for if({work} >= {PARALLEL_WORK}) num_threads(aot_num_threads)"
+
+
+def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Optional[list[str]]:
+    """A reduction down columns as tiles of ``COLUMN_TILE`` columns: each tile's accumulators
+    are arrays, each row of the tile is one SIMD loop over its columns. Only for one loop
+    over rows whose reductions fold values (no argmax), with no stores before it; the lines
+    before the loop (per-column values) are recomputed in each of the tile's loops."""
+    if len(loops) != 1:
+        return None
+    loop = loops[0]
+    before = lines[:loop.start]
+    if (any(kind.returns_index for kind, _, _ in loop.reductions) or any(_STORE.search(line) for line in before)
+            or lines[len(lines) - len(loop.after):] != loop.after
+            or len(lines) != loop.start + len(loop.prelude) + len(loop.body) + 3 + len(loop.after)):
+        return None
+    names = [name for _, name, _ in loop.reductions]
+    as_array = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
+
+    def tiled(text: str) -> str:
+        return as_array.sub(lambda m: f"{m.group(1)}[xi]", text) if as_array else text
+
+    column = ["const int64_t xindex = xo + xi;", "constexpr bool xmask = true;"] + before
+    initial = [tiled(line.replace("auto ", "", 1)) for line in loop.prelude]
+    out = ["    aot_error = 0;", "    " + _parallel_for("xnumel * rnumel"),
+           f"    for (int64_t xo = 0; xo < xnumel; xo += {COLUMN_TILE}) {{",
+           f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
+    out += [f"        {CPP_TYPE[dtype]} {name}[{COLUMN_TILE}];" for _, name, dtype in loop.reductions]
+    out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"] + ["            " + line for line in column + initial]
+    out += ["        }", "        for (int64_t rindex = 0; rindex < rnumel; ++rindex) {",
+            "            constexpr bool rmask = true;", "            #pragma omp simd",
+            "            for (int64_t xi = 0; xi < xcount; ++xi) {"]
+    out += ["                " + tiled(line) for line in column + loop.body]
+    out += ["            }", "        }", "        for (int64_t xi = 0; xi < xcount; ++xi) {"]
+    out += ["            " + tiled(line) for line in column + loop.after]
+    return out + ["        }"] + ["    }", "    return aot_error;", "}"]
+
+
+def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
+    """A pointwise kernel whose indices take ``xindex % C`` (a broadcast row of C elements)
+    as rows of C: ``xindex % C`` and ``xindex / C`` become the two loop counters, and the
+    inner loop vectorizes. Only for static sizes that C divides."""
+    text = "\n".join(lines)
+    moduli = [int(m) for m in _MODULUS.findall(text)]
+    if not moduli or not isinstance(shape.numel, int):
+        return None
+    row = max(set(moduli), key=moduli.count)
+    if row < 8 or shape.numel % row:
+        return None
+    text = text.replace(f"(xindex % {row})", "x1").replace(f"(xindex / {row})", "x0")
+    out = ["    aot_error = 0;", "    " + _parallel_for("xnumel"),
+           f"    for (int64_t x0 = 0; x0 < {shape.numel // row}; ++x0) {{",
+           f"        for (int64_t x1 = 0; x1 < {row}; ++x1) {{",
+           f"            const int64_t xindex = x0 * {row} + x1;", "            constexpr bool xmask = true;"]
+    out += ["            " + line for line in text.split("\n")]
+    return out + ["        }", "    }", "    return aot_error;", "}"]
+
+
+_ROW_MODULUS = re.compile(r"\(rindex % (\d+)\)")
+
+
+def _split_row_loops(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> list[str]:
+    """Each loop over a row whose indices take ``rindex % C`` (a reduction over several
+    dimensions, such as batch norm's over N, H and W) walks the row as rows of C: the two
+    counters replace ``rindex / C`` and ``rindex % C``, and the inner loop vectorizes."""
+    if not isinstance(shape.rnumel, int):
+        return lines
+    out = list(lines)
+    for loop in reversed(loops):  # (later loops first: earlier positions stay valid)
+        header = loop.start + len(loop.prelude)
+        end = header + 2 + len(loop.body)  # the header, rmask's line, the body, then "}"
+        moduli = [int(m) for m in _ROW_MODULUS.findall("\n".join(loop.body))]
+        if not moduli or out[end] != "}":
+            continue
+        row = max(set(moduli), key=moduli.count)
+        if row < 8 or shape.rnumel % row:
+            continue
+        *pragma, _ = out[header].split("\n")
+        body = [line.replace(f"(rindex % {row})", "r1").replace(f"(rindex / {row})", "r0")
+                for line in out[header + 2:end]]
+        out[header:end + 1] = ([f"for (int64_t r0 = 0; r0 < {shape.rnumel // row}; ++r0) {{"] + pragma
+                               + [f"for (int64_t r1 = 0; r1 < {row}; ++r1) {{",
+                                  f"    const int64_t rindex = r0 * {row} + r1;", "    constexpr bool rmask = true;"]
+                               + body + ["}", "}"])
+    return out
 
 
 def translation_unit(sources: list[str]) -> str:

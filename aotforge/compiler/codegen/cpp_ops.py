@@ -93,6 +93,24 @@ PRELUDE = r'''
 #include <algorithm>
 #include <limits>
 
+#ifdef AOT_MVEC
+// the SIMD variants glibc's libmvec has (x86-64): loops calling these vectorize
+#define AOT_SIMD __attribute__((simd("notinbranch")))
+extern "C" {
+AOT_SIMD float expf(float); AOT_SIMD double exp(double); AOT_SIMD float logf(float); AOT_SIMD double log(double);
+AOT_SIMD float erff(float); AOT_SIMD double erf(double); AOT_SIMD float erfcf(float); AOT_SIMD double erfc(double);
+AOT_SIMD float tanhf(float); AOT_SIMD double tanh(double); AOT_SIMD float expm1f(float); AOT_SIMD double expm1(double);
+AOT_SIMD float log1pf(float); AOT_SIMD double log1p(double); AOT_SIMD float exp2f(float); AOT_SIMD double exp2(double);
+AOT_SIMD float log2f(float); AOT_SIMD double log2(double); AOT_SIMD float log10f(float); AOT_SIMD double log10(double);
+AOT_SIMD float sinf(float); AOT_SIMD double sin(double); AOT_SIMD float cosf(float); AOT_SIMD double cos(double);
+AOT_SIMD float tanf(float); AOT_SIMD double tan(double); AOT_SIMD float sinhf(float); AOT_SIMD double sinh(double);
+AOT_SIMD float coshf(float); AOT_SIMD double cosh(double); AOT_SIMD float asinf(float); AOT_SIMD double asin(double);
+AOT_SIMD float acosf(float); AOT_SIMD double acos(double); AOT_SIMD float atanf(float); AOT_SIMD double atan(double);
+AOT_SIMD float powf(float, float); AOT_SIMD double pow(double, double);
+AOT_SIMD float atan2f(float, float); AOT_SIMD double atan2(double, double);
+}
+#endif
+
 // the first error a kernel met (ERRORS in cpp_ops.py); returned by the kernel
 static int aot_error = 0;
 static inline void aot_fail(int code) { __atomic_store_n(&aot_error, code, __ATOMIC_RELAXED); }
@@ -105,6 +123,11 @@ template <typename T> static inline T aot_minimum(T a, T b) { return (a < b || a
 // argmax/argmin: a strictly better value or the first NaN replaces the best (ties keep the first)
 template <typename T> static inline bool aot_beats_for_max(T v, T best) { return v > best || (v != v && best == best); }
 template <typename T> static inline bool aot_beats_for_min(T v, T best) { return v < best || (v != v && best == best); }
+
+#pragma omp declare reduction(aot_max: float, double, int8_t, int16_t, int32_t, int64_t, uint8_t, bool: \
+    omp_out = aot_maximum(omp_out, omp_in)) initializer(omp_priv = omp_orig)
+#pragma omp declare reduction(aot_min: float, double, int8_t, int16_t, int32_t, int64_t, uint8_t, bool: \
+    omp_out = aot_minimum(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 
 template <typename T> static inline T aot_truncdiv(T a, T b) {
     if (b == 0) { aot_fail(1); return 0; }

@@ -118,6 +118,28 @@ def print_index(expr: sympy.Expr, floordiv: str) -> str:
     raise NotImplementedError(f"cannot print index expression {expr!r} ({type(expr).__name__})")
 
 
+@dataclasses.dataclass(frozen=True)
+class RowLoop:
+    """One loop over a row's elements as the builder closed it: it starts after ``start``
+    lines of the kernel's body; accumulators are set up (``prelude``), the row is walked
+    (``body``), then the finished values are used (``after``)."""
+    start: int
+    prelude: list
+    body: list
+    after: list
+    reductions: list  # (ReductionKind, accumulator name, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelShape:
+    is_reduction: bool
+    persistent: bool
+    int64: bool
+    reduction_contiguous: bool  # the reduced axis is the fastest-moving in memory
+    numel: Any
+    rnumel: Any
+
+
 class Printer:
     """What a target's printer spells beyond the lines it is asked for, with the answers of a
     target of Python syntax over blocks (Triton's; a printer subclasses this and overrides
@@ -140,6 +162,12 @@ class Printer:
     def epilogue(self) -> list[str]:
         return []
 
+    def body(self, lines: list[str], loops: list[RowLoop], shape: KernelShape) -> list[str]:
+        """The kernel's body under its header: the prologue, the builder's ``lines`` (whose
+        row loops are also given as ``loops``, for a target that arranges them otherwise)."""
+        prologue = self.prologue(shape.is_reduction, shape.persistent, shape.int64)
+        return ["    " + line for line in prologue] + [self.body_indent + line for line in lines] + self.epilogue()
+
 
 class KernelBuilder:
     """Builds one kernel's lines through ``printer``; the object is the ``ops`` handler the
@@ -161,6 +189,8 @@ class KernelBuilder:
         self.loop: Optional[list[str]] = None
         self.loop_prelude: list[str] = []
         self.loop_after: list[str] = []
+        self.loop_reductions: list = []  # (kind, accumulator, dtype) of the open loop
+        self.row_loops: list[RowLoop] = []  # every closed loop, as its parts (for a printer's arrange)
         self.open_reductions: set[str] = set()
         self.cache_top: dict[str, Var] = {}
         self.cache_loop: dict[str, Var] = {}
@@ -315,6 +345,7 @@ class KernelBuilder:
             self.cache_top[f"reduction:{buffer.name}"] = final
             return final
         accumulator = f"acc_{buffer.name}"
+        self.loop_reductions.append((kind, accumulator, dtype))
         self.loop_prelude.extend(self.p.accumulator(kind, accumulator, identity.name, dtype, index_bound))
         self.loop.extend(self.p.accumulate(kind, accumulator, value.name, mask, index_bound, buffer.name))
         self.loop_after.extend(self.p.finish(kind, accumulator, final.name, f"{accumulator}_index", index_bound))
@@ -325,13 +356,15 @@ class KernelBuilder:
 
     def _open_loop(self) -> None:
         self.loop, self.cache_loop, self.values_loop = [], {}, {}
-        self.loop_prelude, self.loop_after = [], []
+        self.loop_prelude, self.loop_after, self.loop_reductions = [], [], []
 
     def _close_loop(self) -> None:
         if self.loop is None:
             return
+        self.row_loops.append(RowLoop(len(self.top), list(self.loop_prelude), list(self.loop),
+                                      list(self.loop_after), list(self.loop_reductions)))
         self.top.extend(self.loop_prelude)
-        header, prologue = self.p.loop()
+        header, prologue = self.p.loop(self.loop_reductions)
         self.top.append(header)
         self.top.extend("    " + line for line in prologue + self.loop)
         self.top.extend(self.p.end_loop())
@@ -385,9 +418,9 @@ class KernelBuilder:
         parameters = list(self.arguments.values()) + ["xnumel"] + (["rnumel"] if self.is_reduction else [])
         pointer_dtypes = tuple(buffer_dtypes[a] for a in self.arguments)
         body = self.p.header("KERNEL", parameters, self.is_reduction, pointer_dtypes)
-        body += ["    " + line for line in self.p.prologue(self.is_reduction, self.persistent, self.int64)]
-        body += [self.p.body_indent + line for line in self.top]
-        body += self.p.epilogue()
+        shape = KernelShape(self.is_reduction, self.persistent, self.int64, self.group.reduction_contiguous,
+                            _number(self.numel), _number(self.rnumel))
+        body += self.p.body(self.top, self.row_loops, shape)
         kind = self.group.kind
         text, symbols = _size_parameters("\n".join(body), self.p)
         name = f"aot_{kind}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"

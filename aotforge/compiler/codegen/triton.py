@@ -131,7 +131,7 @@ class TritonPrinter(Printer):
                 f"{result} = tl.reduce(tl.where(_same_value({values}, {result}_best), {positions}, {bound}), 1, "
                 f"_min_combine)[:, None].to(tl.int64)"]
 
-    def loop(self) -> tuple[str, list[str]]:
+    def loop(self, reductions: list) -> tuple[str, list[str]]:
         return "for roffset in range(0, rnumel, RBLOCK):", ["rindex = roffset + rbase", "rmask = rindex < rnumel"]
 
     # --- the kernel function --------------------------------------------------------------------

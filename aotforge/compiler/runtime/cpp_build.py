@@ -60,6 +60,10 @@ from . import disk_cache
 CPP_FORMAT = 1
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off",
          "-fno-strict-aliasing"]
+# glibc's vector math library: with it, the kernels' calls of exp, log, erf, tanh... are
+# vectorized like their arithmetic (the prelude declares the functions' SIMD variants under
+# AOT_MVEC; eager's kernels use vectorized math too). Used where it links.
+VECTOR_MATH = ["-DAOT_MVEC", "-Wl,--no-as-needed", "-lmvec"]
 COMPILERS = ["c++", "g++", "clang++"]  # tried in this order when $CXX is not set
 COMPILE_TIMEOUT_S = 300.0
 PROBE_TIMEOUT_S = 60.0
@@ -171,10 +175,12 @@ def _run_probe() -> _Probe:
     extra = shlex.split(os.environ.get("AOTFORGE_CXXFLAGS", ""))
     failure = ""
     for with_openmp in (True, False):
-        command = tuple(words + FLAGS + (["-fopenmp"] if with_openmp else []) + extra)
-        failure = _try_probe(command)
-        if not failure:
-            return _Probe(None, command, version_line, with_openmp)
+        for with_vector_math in (True, False):
+            command = tuple(words + FLAGS + (["-fopenmp"] if with_openmp else [])
+                            + (VECTOR_MATH if with_vector_math else []) + extra)
+            failure = _try_probe(command)
+            if not failure:
+                return _Probe(None, command, version_line, with_openmp)
     return _Probe(f"the C++ compiler {shlex.join(words)} cannot build a shared library with "
                   f"{shlex.join(FLAGS + extra)} ({failure}); {what_to_do}"
                   + (", or fix AOTFORGE_CXXFLAGS" if extra else ""))

@@ -44,7 +44,7 @@ from ..expr import FloorDiv, ModularIndexing
 from . import compiled as runtime, disk_cache, keys
 from .compiled import CompiledGraph
 
-FORMAT = 1
+FORMAT = 2  # 2: kernels name their language
 # Constants above this many bytes in all are not stored (the entry would be a copy of weights).
 MAX_CONSTANT_BYTES = 64 << 20
 # Variants kept per key (one per set of shape guards the graph was compiled under).
@@ -477,7 +477,7 @@ def _describe_kernel(kernel: KernelSource) -> dict:
         "dtypes": [None if d is None else str(d).removeprefix("torch.") for d in kernel.dtypes],
         "numel": str(kernel.numel), "rnumel": str(kernel.rnumel), "kind": kernel.kind, "mutates": kernel.mutates,
         "reduction_contiguous": kernel.reduction_contiguous, "size_symbols": [s.name for s in kernel.size_symbols],
-        "hints": list(kernel.hints), "int64": kernel.int64,
+        "hints": list(kernel.hints), "int64": kernel.int64, "language": kernel.language,
     }
 
 
@@ -492,7 +492,7 @@ def _kernel(data: dict) -> KernelSource:
         tuple(None if d is None else _dtype(d) for d in data["dtypes"]), size(data["numel"]), size(data["rnumel"]),
         data["kind"], bool(data["mutates"]), bool(data["reduction_contiguous"]),
         tuple(sympy.Symbol(s, integer=True, positive=True) for s in data["size_symbols"]),
-        tuple(int(h) for h in data["hints"]), bool(data["int64"]))
+        tuple(int(h) for h in data["hints"]), bool(data["int64"]), str(data["language"]))
 
 
 def _stats(compiled: CompiledGraph) -> dict:

@@ -107,7 +107,7 @@ class NumpyPrinter(Printer):
             return [f"{result} = {best}({values}, axis=1)[:, None].astype(np.int64)"]
         return [f"{result} = {ROW[kind.combine]}({values}, axis=1)[:, None]"]
 
-    def loop(self):
+    def loop(self, reductions):
         return "for roffset in range(0, rnumel, RBLOCK):", ["rindex = roffset + rbase", "rmask = rindex < rnumel"]
 
     def header(self, name, parameters, is_reduction, dtypes):

@@ -1,0 +1,154 @@
+"""The C++ target (codegen/cpp.py, runtime/cpp_launch.py): the generated C++ runs here, against
+eager. Each arrangement of the kernel loops (one loop over outputs, rows of a broadcast
+operand, tiles of columns, rows split for several reduced dimensions) is checked on sizes that
+do and do not fill its tiles; errors eager raises are raised, never a crash or a stray read."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aotforge.compiler import compile_fx_inner
+from aotforge.compiler.runtime import cpp_build
+from aotforge.config import config
+
+from ..helpers import trace
+
+pytestmark = pytest.mark.skipif(cpp_build.compiler_problem() is not None, reason="no C++ compiler")
+
+
+def compile_cpp(fn, *args):
+    gm = trace(fn, *args)
+    with config.patch(triton_on_cpu=False, cpu_codegen=True):
+        compiled = compile_fx_inner(gm, list(args))
+    graph = compiled.compiled_graph
+    assert graph.path == "cpp" and graph.kernels, graph
+    return compiled, graph
+
+
+def check(fn, *args, **tolerance):
+    compiled, graph = compile_cpp(fn, *args)
+    actual = compiled([a.clone() for a in args])
+    expected = fn(*args)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, equal_nan=True, **tolerance)
+    return graph
+
+
+def f64(*shape):
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (7, 33)], ids=["fills", "odd"])
+def test_pointwise_over_rows_of_a_broadcast_operand(shape):
+    graph = check(lambda x, w: ((x * w + 1).exp(), torch.nn.functional.gelu(x - w)), f64(*shape), f64(shape[1]))
+    if shape[1] >= 8:  # xindex % C became a loop counter
+        assert "for (int64_t x1 = 0; x1 <" in graph.kernel_source
+
+
+@pytest.mark.parametrize("shape", [(8, 256), (3, 5)], ids=["long", "short"])
+def test_row_reductions(shape):
+    graph = check(lambda x: (x.sum(1), x.amax(1), x.argmax(1), torch.softmax(x, 1), x.var(1)), f64(*shape))
+    assert "#pragma omp simd reduction(+:" in graph.kernel_source
+
+
+@pytest.mark.parametrize("columns", [128, 100, 5])
+def test_reductions_down_columns_walk_tiles_of_columns(columns):
+    graph = check(lambda x, y: ((x * y).sum(0), x.amax(0), (x - 1).exp().sum(0)), f64(300, columns), f64(300, columns))
+    assert "xo += 64" in graph.kernel_source  # tiles of columns, accumulators as arrays
+
+
+def test_reduction_over_several_dimensions_splits_its_rows():
+    graph = check(lambda x: (x.sum((0, 2, 3)), x.var((0, 2, 3))), f64(4, 6, 10, 12))
+    assert "for (int64_t r1 = 0; r1 < 120; ++r1)" in graph.kernel_source
+
+
+def test_nan_propagates_through_max_and_argmax_as_eager():
+    x = f64(4, 40)
+    x[1, 7] = float("nan")
+    x[2, 0] = float("nan")
+    check(lambda x: (x.amax(1), x.argmax(1), x.amin(0), x.argmin(0)), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_load_store_and_round_as_eager(dtype):
+    x, w = torch.randn(16, 64, dtype=dtype), torch.randn(64, dtype=dtype)
+    check(lambda x, w: ((x * w).sigmoid(), (x + w).sum(1), x.float() * 2, (x * 3).to(torch.float32)), x, w)
+
+
+def test_small_integers_wrap_and_divide_as_eager():
+    x = torch.randint(-128, 127, (64,), dtype=torch.int8)
+    y = torch.randint(1, 9, (64,), dtype=torch.int8) * torch.where(torch.rand(64) > 0.5, 1, -1).to(torch.int8)
+    big = torch.tensor([-2**63, 5, -7, 2**62], dtype=torch.int64)  # (eager's own INT64_MIN / -1 traps)
+    minus = torch.tensor([3, -1, -2, -1], dtype=torch.int64)
+    check(lambda x, y, a, b: (x * y, x + x, torch.div(x, y, rounding_mode="floor"), torch.remainder(x, y),
+                              torch.div(a, b, rounding_mode="trunc"), torch.remainder(a, b)), x, y, big, minus)
+
+
+def test_integer_division_by_zero_raises_as_eager():
+    x, y = torch.arange(8), torch.tensor([1, 2, 0, 4, 5, 6, 7, 8])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch.div(x, y, rounding_mode="floor")
+    compiled, _ = compile_cpp(lambda x, y: (torch.remainder(x * 3, y),), x, y)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled([x, y])
+    torch.testing.assert_close(compiled([x, y + 1])[0], torch.remainder(x * 3, y + 1))
+
+
+def test_an_index_out_of_bounds_raises_instead_of_reading_memory():
+    table, index = f64(10, 4), torch.tensor([0, 3, 9])
+    compiled, _ = compile_cpp(lambda t, i: (t[i] * 2,), table, index)
+    torch.testing.assert_close(compiled([table, index])[0], table[index] * 2)
+    for bad in (torch.tensor([0, 10, 1]), torch.tensor([-11, 0, 0]), torch.tensor([2**40, 0, 0])):
+        with pytest.raises(RuntimeError, match="index out of bounds"):
+            compiled([table, bad])
+    torch.testing.assert_close(compiled([table, torch.tensor([-1, -10, 2])])[0], table[torch.tensor([-1, -10, 2])] * 2)
+
+
+def test_random_draws_equal_the_reference_bit_for_bit():
+    from aotforge import philox
+
+    seed = torch.tensor(1234, dtype=torch.int64)
+    compiled, _ = compile_cpp(lambda s: (philox.philox_rand(s, 77, [5, 33], torch.float32) * 2,), seed)
+    expected = philox.philox_rand_reference(seed, 77, [5, 33], torch.float32) * 2
+    assert torch.equal(compiled([seed])[0], expected)
+
+
+def test_kernel_source_golden_text():
+    """The form of one fused pointwise kernel: an ``extern "C"`` function of pointers and
+    sizes, the rows of the broadcast operand as two loops, one statement per value."""
+    _, graph = compile_cpp(lambda x, w: ((x + w).relu(),), f64(4, 16), f64(16))
+    (kernel,) = graph.kernels
+    body = kernel.source.split("\n", 1)[1]
+    assert body == """\
+    aot_error = 0;
+    #pragma omp parallel for if(xnumel >= 32768) num_threads(aot_num_threads)
+    for (int64_t x0 = 0; x0 < 4; ++x0) {
+        for (int64_t x1 = 0; x1 < 16; ++x1) {
+            const int64_t xindex = x0 * 16 + x1;
+            constexpr bool xmask = true;
+            auto tmp0 = ((xmask) ? ptr0[xindex] : 0);
+            auto tmp1 = ((xmask) ? ptr1[x1] : 0);
+            auto tmp2 = static_cast<double>(tmp0 + tmp1);
+            auto tmp3 = static_cast<double>((tmp2 < 0 ? double(0) : tmp2));
+            if (xmask) ptr2[xindex] = tmp3;
+        }
+    }
+    return aot_error;
+}"""
+    assert kernel.source.startswith(f'extern "C" int {kernel.name}(double* ptr0, double* ptr1, double* ptr2, '
+                                    'int64_t xnumel) {')
+
+
+def test_dynamic_sizes_are_arguments():
+    from torch._dynamo import mark_dynamic
+
+    def fn(x, w):
+        return torch.softmax(x * w, -1).sum(0)
+
+    x, w = f64(6, 20), f64(20)
+    compiled = torch.compile(fn, backend="aotforge", dynamic=True)
+    with config.patch(cpu_codegen=True):
+        for rows, cols in [(6, 20), (9, 20), (5, 33)]:
+            x, w = f64(rows, cols), f64(cols)
+            mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x, w), fn(x, w))
