@@ -38,10 +38,10 @@ _COMPARE = """
         x = torch.randn(2, 4, dtype=torch.float64)
         out = torch.compile(model, backend=backend)(x)
         expected = reference(x)
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-15)  # (fused C++ kernels: ulps)
         out.sum().backward(); expected.sum().backward()
         for a, b in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-15)
 """
 
 
@@ -117,6 +117,12 @@ def _train_step(compiled, model):
 
 
 @pytest.fixture
+def aten_on_cpu(monkeypatch):
+    """CPU graphs as their ATen calls (config.cpu_codegen off): what the notices below are about."""
+    monkeypatch.setattr(config, "cpu_codegen", False)
+
+
+@pytest.fixture
 def fresh_notices(monkeypatch):
     """The once-per-process notices (and log_once keys) as in a new process."""
     from aotforge import debug
@@ -129,7 +135,7 @@ def fresh_notices(monkeypatch):
 @pytest.mark.parametrize("mode, autotune", [
     ("default", False), ("max-autotune", True), ("max-autotune-no-cudagraphs", True),
 ])
-def test_mode_maps_to_config_for_this_compile_only(mode, autotune, monkeypatch, fresh_notices):
+def test_mode_maps_to_config_for_this_compile_only(mode, autotune, monkeypatch, fresh_notices, aten_on_cpu):
     torch._dynamo.reset()
     seen = _spy_eager_compiler(monkeypatch)
     model = torch.nn.Linear(4, 2).double()
@@ -208,7 +214,7 @@ def test_other_backends_are_untouched_by_the_check():
     assert callable(compiled)
 
 
-def test_options_patch_config_for_that_compile_only(monkeypatch):
+def test_options_patch_config_for_that_compile_only(monkeypatch, aten_on_cpu):
     torch._dynamo.reset()
     seen = _spy_eager_compiler(monkeypatch)
     model = torch.nn.Linear(4, 2).double()
@@ -254,7 +260,7 @@ def test_options_reach_the_compiler_on_the_triton_path(monkeypatch):
 
 # --- CPU graphs: un-decomposed, said once --------------------------------------------------
 
-def test_cpu_graphs_run_undecomposed_and_the_log_says_why(monkeypatch, capfd):
+def test_cpu_graphs_run_undecomposed_and_the_log_says_why(monkeypatch, capfd, aten_on_cpu):
     from aotforge import debug
 
     monkeypatch.setenv("AOTFORGE_LOG", "compile")
@@ -279,6 +285,8 @@ def test_cpu_notice_once_per_process_by_default():
     # A fresh process, logging left unconfigured (Python's last-resort handler): one line for
     # two models, several graphs and a recompile.
     result = _run_fresh("""
+        import os
+        os.environ["AOTFORGE_CPU_CODEGEN"] = "0"
         import torch
         for width in (4, 5):
             model = torch.nn.Sequential(torch.nn.Linear(width, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
@@ -289,7 +297,26 @@ def test_cpu_notice_once_per_process_by_default():
     """)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if "aotforge" in line]
-    assert lines == [backends.CPU_NOTICE], result.stderr
+    assert lines == [backends.CPU_NOTICE.format(why="config.cpu_codegen is off")], result.stderr
+
+
+def test_cpu_graphs_get_cpp_kernels_and_no_notice(capfd):
+    from aotforge.compiler.pipeline import observe
+    from aotforge.compiler.runtime import cpp_build
+
+    if cpp_build.compiler_problem() is not None:
+        pytest.skip(cpp_build.compiler_problem())
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8)).double()
+    compiled = torch.compile(model, backend="aotforge")
+    with observe() as graphs:
+        torch.manual_seed(1)
+        x = torch.randn(3, 4, dtype=torch.float64)
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x))
+        out.sum().backward()
+    assert [g.path for g in graphs] == ["cpp", "cpp"] and all(g.kernels for g in graphs)
+    assert "plain ATen calls" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("options, source", [
@@ -297,7 +324,7 @@ def test_cpu_notice_once_per_process_by_default():
     ({"verify": True}, "options={'verify': True}"),
     ({"persistent_reduction_limit": 64}, "options={'persistent_reduction_limit': 64}"),
 ])
-def test_options_that_do_nothing_on_cpu_say_so_once_at_the_users_line(options, source, fresh_notices):
+def test_options_that_do_nothing_on_cpu_say_so_once_at_the_users_line(options, source, fresh_notices, aten_on_cpu):
     torch._dynamo.reset()
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).double()
     compiled = torch.compile(model, backend="aotforge", options=options)
@@ -311,7 +338,7 @@ def test_options_that_do_nothing_on_cpu_say_so_once_at_the_users_line(options, s
     assert [w.filename for w in caught if "aotforge" in str(w.message)] == [__file__]
 
 
-def test_global_option_that_does_nothing_on_cpu_names_its_environment_variable(fresh_notices):
+def test_global_option_that_does_nothing_on_cpu_names_its_environment_variable(fresh_notices, aten_on_cpu):
     torch._dynamo.reset()
     model = torch.nn.Linear(4, 2).double()
     with config.patch(verify=True), pytest.warns(UserWarning, match=r"aotforge.config.verify=True "
@@ -319,7 +346,7 @@ def test_global_option_that_does_nothing_on_cpu_names_its_environment_variable(f
         _train_step(torch.compile(model, backend="aotforge"), model)
 
 
-def test_log_topics_silent_on_cpu_say_why_once(fresh_notices, capfd):
+def test_log_topics_silent_on_cpu_say_why_once(fresh_notices, capfd, aten_on_cpu):
     from aotforge import debug
 
     fresh_notices.setattr(debug, "_parsed", {})

@@ -26,9 +26,12 @@ def test_layer_norm_under_cpu_autocast_trains_as_eager(backend):
         out.float().square().sum().backward()
         expected.float().square().sum().backward()
         assert out.dtype == expected.dtype
-        torch.testing.assert_close(out, expected)
+        # aotforge's kernels hold a fused chain's values in float32 and round to bfloat16 once,
+        # where eager rounds after each op: bfloat16's tolerance, a few of its ulps
+        tolerance = {} if backend == "aotforge_eager" else dict(rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out, expected, **tolerance)
         for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p.grad, q.grad)
+            torch.testing.assert_close(p.grad, q.grad, **tolerance)
 
 
 def test_a_compiler_returning_another_integer_dtype_is_still_refused():

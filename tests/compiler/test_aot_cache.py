@@ -158,6 +158,7 @@ def test_cpu_graphs_that_run_as_fx_hit(cache_on, capsys, monkeypatch):
     """On the CPU (no Triton path) the graphs run as their own FX code: the entry holds that
     code; a hit skips tracing and partitioning all the same."""
     monkeypatch.setattr(config, "triton_on_cpu", False)
+    monkeypatch.setattr(config, "cpu_codegen", False)
     assert "AOT miss (nothing stored yet" in compile_and_check(capsys)
     assert "AOT hit" in compile_and_check(capsys)
     assert "AOT miss (changed: mode)" in compile_and_check(capsys, grad=False)  # inference: its own entry
@@ -173,6 +174,7 @@ def test_inspect_shows_what_a_hit_loaded(cache_on, capsys, monkeypatch, triton):
     import aotforge
 
     monkeypatch.setattr(config, "triton_on_cpu", triton)
+    monkeypatch.setattr(config, "cpu_codegen", False)
     compile_and_check(capsys)
     torch._dynamo.reset()
     compiled = torch.compile(step, backend="aotforge")

@@ -23,11 +23,12 @@ def test_graph_without_calls_is_returned_as_it_is():
     assert compiled([x])[0] is x
 
 
-def test_cpu_default_path_runs_aten_calls():
+def test_cpu_default_path_runs_cpp_kernels_or_aten_calls_when_off():
     x = torch.randn(4, 8, **f64)
-    (out,), info = compile_and_run(lambda x: (torch.softmax(x, -1) * 2,), x, triton=False)
-    assert info["path"] == "aten"
-    torch.testing.assert_close(out, torch.softmax(x, -1) * 2)
+    for cpu_codegen, path in ((True, "cpp"), (False, "aten")):
+        (out,), info = compile_and_run(lambda x: (torch.softmax(x, -1) * 2,), x, triton=False, cpu_codegen=cpu_codegen)
+        assert info["path"] == path
+        torch.testing.assert_close(out, torch.softmax(x, -1) * 2)
 
 
 def test_pointwise_chain_is_one_kernel():

@@ -48,7 +48,7 @@ def branch(x, w):
 
 
 CASES = {"mlp": mlp, "mutation_and_alias": mutation_and_alias, "mutation": mutation, "dropout": dropout,
-         "branch": branch, "inference": mlp, "cpu_fx": mutation}
+         "branch": branch, "inference": mlp, "cpu_fx": mutation, "cpu_cpp": mlp}
 
 
 def inputs(size: int):
@@ -69,7 +69,9 @@ def main() -> None:
     case, directory = sys.argv[1], sys.argv[2]
     size = int(sys.argv[3]) if len(sys.argv) > 3 else 8
     config.cache_dir, config.cache = directory, True
-    config.triton_on_cpu = case != "cpu_fx"  # cpu_fx: graphs run as their FX code (no kernels)
+    config.triton_on_cpu = case not in ("cpu_fx", "cpu_cpp")
+    config.cpu_codegen = case == "cpu_cpp"  # cpu_fx: graphs run as their FX code (no kernels); cpu_cpp: C++
+
     config.fallback_random = True  # dropout through eager's generator: masks comparable bit for bit
     fn = CASES[case]
     stderr, sys.stderr = sys.stderr, io.StringIO()

@@ -71,6 +71,7 @@ AOT_OUTCOME = {
     "mutation_and_alias": "not stored (an output is a view",  # its view replay is not plain data
     "dropout": "not stored (its inputs are transformed (RandomOps)",  # functionalized RNG
     "cpu_fx": "AOT hit",  # graphs that run as FX code: the entry holds the code
+    "cpu_cpp": "AOT hit",  # C++ kernels: the entry's library comes from the C++ library cache
 }
 
 
