@@ -34,9 +34,13 @@ class MLP(nn.Module):
         return self.head(x)
 
 
-def build_mlp(mode: str, quick: bool) -> Case:
-    batch, dim, hidden, depth = (16, 32, 64, 2) if quick else (8192, 1024, 4096, 4)
+def mlp_case(batch: int, dim: int, hidden: int, depth: int) -> Case:
+    """An :class:`MLP` and one batch of ``batch`` x ``dim`` inputs (the cpu suite's MLP too)."""
     return Case(MLP(dim, hidden, depth), (torch.randn(batch, dim),))
+
+
+def build_mlp(mode: str, quick: bool) -> Case:
+    return mlp_case(*((16, 32, 64, 2) if quick else (8192, 1024, 4096, 4)))
 
 
 class CausalSelfAttention(nn.Module):
