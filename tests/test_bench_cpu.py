@@ -16,16 +16,14 @@ from aotforge.bench.workload import DEFAULT_SUITES, SUITES, select
 from aotforge.bench.workloads import cpu
 from aotforge.bench.workloads.models import CausalSelfAttention
 from aotforge.config import config
+from tests.test_bench import keep_threads_and_affinity  # noqa: F401  (autouse: main pins threads and CPUs)
 
 CPU_NAMES = ["cpu_mlp", "cpu_convnet", "cpu_transformer", "cpu_resnet18", "cpu_mobilenetv3"]
 
 
 @pytest.fixture(autouse=True)
-def keep_process_state(monkeypatch):
-    """``main`` pins threads and CPUs and --cold-caches points the caches elsewhere: give the
-    rest of the session its own back."""
-    threads = torch.get_num_threads()
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+def keep_caches(monkeypatch):
+    """--cold-caches points the caches elsewhere: give the rest of the session its own back."""
     for variable in caches.ENVIRONMENT:
         monkeypatch.delenv(variable, raising=False)  # restored after the test
     for module_name, attribute in caches.SWITCHED_OFF:
@@ -35,13 +33,6 @@ def keep_process_state(monkeypatch):
     cache_dir = config.cache_dir
     yield
     config.cache_dir = cache_dir
-    torch.set_num_threads(threads)
-    if affinity is not None:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), affinity)
-            except OSError:
-                pass
 
 
 def test_the_cpu_suite_lists_its_workloads_and_is_run_only_when_asked_for():

@@ -74,17 +74,11 @@ class MatmulAttention(CausalSelfAttention):
         super().__init__(n_embd, n_head)
         self.register_buffer("causal", torch.ones(length, length, dtype=torch.bool).tril(), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, channels = x.shape
-        q, k, v = self.qkv(x).split(channels, dim=2)
-        q, k, v = (
-            t.view(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
-            for t in (q, k, v)
-        )
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        length = q.shape[-2]
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores.masked_fill(~self.causal[:length, :length], float("-inf"))
-        y = torch.softmax(scores, dim=-1) @ v
-        return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
+        return torch.softmax(scores, dim=-1) @ v
 
 
 def build_cpu_transformer(mode: str, quick: bool) -> Case:

@@ -58,8 +58,12 @@ class CausalSelfAttention(nn.Module):
             t.view(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
             for t in (q, k, v)
         )
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attention(q, k, v)
         return self.proj(y.transpose(1, 2).contiguous().view(batch, length, channels))
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over (batch, heads, length, head_dim) tensors."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Block(nn.Module):
