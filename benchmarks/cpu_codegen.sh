@@ -5,9 +5,14 @@
 # interleaved rounds (median and spread), every first call compiled against empty caches
 # (--cold-caches), and a geomean row per backend at the end of the table.
 #
-#   bash benchmarks/cpu_codegen.sh            # full sizes, torch's thread count (2 here); ~30-40 min,
-#                                             # most of it inductor's C++ compiles
+#   bash benchmarks/cpu_codegen.sh            # full sizes, torch's thread count (2 here): about 5 min
+#                                             # (most of it inductor's C++ compiles: 1.4-92 s a row)
 #   bash benchmarks/cpu_codegen.sh --quick    # quick sizes, 1 thread: a smoke run of a few minutes
+#
+# Two threads need two idle CPUs: while other processes keep this machine busy (load average
+# above 1), every parallel region waits for a time slice and steps run 4-13x slower and spread
+# +-50-130% (measured: eager's conv net training step 35 ms at 1 thread, 480 ms at 2 under load
+# 2.5). Run it on a quiet machine, or pass --threads 1 (rows then spread +-1-5%).
 #
 # Extra arguments go to `python -m aotforge bench` (later ones win): --workloads cpu_mlp,
 # --backends eager,aotforge, --threads 1, --repeat 30 ... The raw output lands in
