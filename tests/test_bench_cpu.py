@@ -16,7 +16,7 @@ from aotforge.bench.workload import DEFAULT_SUITES, SUITES, select
 from aotforge.bench.workloads import cpu
 from aotforge.bench.workloads.models import CausalSelfAttention
 from aotforge.config import config
-from tests.test_bench import keep_threads_and_affinity  # noqa: F401  (autouse: main pins threads and CPUs)
+from tests.bench_helpers import keep_threads_and_affinity  # noqa: F401  (autouse: main pins threads and CPUs)
 
 CPU_NAMES = ["cpu_mlp", "cpu_convnet", "cpu_transformer", "cpu_resnet18", "cpu_mobilenetv3"]
 
