@@ -14,6 +14,7 @@ from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 from aotforge.bench import main, measure, report, runner
 from aotforge.bench.suites import load_workloads
 from aotforge.bench.workload import select
+from tests.bench_helpers import keep_threads_and_affinity  # noqa: F401  (autouse)
 
 
 # --- test backends: one correct, one wrong in the forward, one wrong only in the backward, one
@@ -67,23 +68,6 @@ TEST_BACKENDS = {
 for _name, _fn in TEST_BACKENDS.items():
     if _name not in _COMPILER_FNS:
         register_backend(compiler_fn=_fn, name=_name)
-
-
-@pytest.fixture(autouse=True)
-def keep_threads_and_affinity():
-    """``main`` pins the process's threads and CPUs: give the rest of the session its own back."""
-    import os
-
-    threads = torch.get_num_threads()
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    yield
-    torch.set_num_threads(threads)
-    if affinity is not None:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), affinity)
-            except OSError:
-                pass
 
 
 def by_key(results):

@@ -15,7 +15,7 @@ import torch
 
 from aotforge.bench import profile, report, runner
 from aotforge.bench.suites import load_workloads
-from aotforge.bench.workload import MODES, SUITES, select
+from aotforge.bench.workload import DEFAULT_SUITES, MODES, SUITES, select
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -42,8 +42,9 @@ def parser() -> argparse.ArgumentParser:
         description="Benchmark eager vs torch.compile (inductor) vs aotforge on the workloads "
         "in aotforge/bench/workloads; check each backend against eager, then time it.",
     )
-    p.add_argument("--suite", type=_comma_list(SUITES), default=list(SUITES),
-                   help=f"comma-separated suites: {', '.join(SUITES)} or all (default: all)")
+    p.add_argument("--suite", type=_comma_list(SUITES), default=None,
+                   help=f"comma-separated suites: {', '.join(SUITES)} or all (default: {', '.join(DEFAULT_SUITES)}; "
+                   "with --workloads: every suite)")
     p.add_argument("--workloads", type=_comma_list(), default=[],
                    help="comma-separated workload names (default: every workload of the suites)")
     p.add_argument("--backends", type=_comma_list(), default=list(runner.DEFAULT_BACKENDS),
@@ -79,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="after timing, profile each backend's step: device time per step by category (generated "
                         "kernels, libraries, copies, other ATen), host time to enqueue it, launches, top kernels")
+    p.add_argument("--cold-caches", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile each backend of each row against new empty caches (aotforge's, inductor's "
+                   "and Triton's folders; inductor's FX graph and AOTAutograd caches off), so that first call s "
+                   "is a cold compile (default: on when every workload run is of the cpu suite)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p
 
@@ -114,7 +119,7 @@ def describe_environment(device: torch.device) -> dict[str, Any]:
         "aotforge_git": _git_revision(),
         "device": device.type,
     }
-    for package in ("triton", "transformers", "timm"):
+    for package in ("triton", "transformers", "timm", "torchvision"):
         try:
             meta[package] = __import__(package).__version__
         except Exception:
@@ -160,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     args = parser().parse_args(argv)
     try:
-        workloads = select(load_workloads(), args.suite, args.workloads)
+        suites = args.suite or (SUITES if args.workloads else DEFAULT_SUITES)
+        workloads = select(load_workloads(), suites, args.workloads)
         runner.check_backends(args.backends)
     except (ValueError, FileNotFoundError) as error:
         print(f"bench: {error}", file=sys.stderr)
@@ -170,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{w.name:16} {w.suite:7} {w.description}")
         return 0
     if not workloads:
-        print(f"bench: no workload in suites {args.suite} matches {args.workloads}", file=sys.stderr)
+        print(f"bench: no workload in suites {list(suites)} matches {args.workloads}", file=sys.stderr)
         return 2
     device = _device(args.device)
     dtype = DTYPES[args.dtype]
@@ -188,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend_timeout=args.backend_timeout,
         profile=args.profile,
         autocast=args.autocast,
+        cold_caches=all(w.suite == "cpu" for w in workloads) if args.cold_caches is None else args.cold_caches,
     )
     pinned = None
     if device.type == "cpu":
@@ -207,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["cpu_count"] = os.cpu_count()
         if busy[1]:
             print(f"bench: {busy[1]}", file=sys.stderr, flush=True)
-    meta.update(dtype=args.dtype, autocast=args.autocast, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
+    meta.update(dtype=args.dtype, autocast=args.autocast, cold_caches=settings.cold_caches, quick=args.quick, warmup=settings.warmup, repeat=settings.repeat,
                 min_batch_ms=runner.measure.MIN_BATCH_S * 1e3, backends=args.backends, modes=args.modes)
     copy_bytes_per_s = None
     if device.type == "cuda" and any(w.suite == "micro" for w in workloads):
@@ -231,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if meta.get("load_average") is not None:
             threads += f", load average {meta['load_average']:g} at the start"
     print(f"\n## {meta['date']}: {meta.get('gpu', meta.get('cpu'))}{threads}, torch {meta['torch']}, {args.dtype}"
-          f"{', quick sizes' if args.quick else ''}\n")
+          f"{', quick sizes' if args.quick else ''}{', empty caches for each first call' if settings.cold_caches else ''}\n")
     gpu = device.type == "cuda"
     print(report.table(results, bandwidth=gpu))
     print("\n" + report.LEGEND.format(memory=memory, min_batch_ms=runner.measure.MIN_BATCH_S * 1e3) + (report.LEGEND_BANDWIDTH if gpu else ""))

@@ -49,14 +49,61 @@ def _row(result: Result) -> list[str]:
 
 def table(results: Sequence[Result], bandwidth: bool = True) -> str:
     """A Markdown table, one row per workload, mode and backend (``bandwidth``: with the
-    GB/s column, for GPUs)."""
+    GB/s column, for GPUs), then one geometric-mean row per backend (:func:`geomeans`) when
+    two or more workloads and modes were timed by every backend."""
     keep = [i for i, name in enumerate(COLUMNS) if bandwidth or name != BANDWIDTH]
     columns = [COLUMNS[i] for i in keep]
+    rows = [_row(result) for result in results]
+    summary = geomeans(results)
+    if summary and summary[0]["rows"] >= 2:
+        rows += [_geomean_row(entry) for entry in summary]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for result in results:
-        row = _row(result)
-        lines.append("| " + " | ".join(row[i] for i in keep) + " |")
+    lines += ["| " + " | ".join(row[i] for i in keep) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def geomeans(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """Per backend, geometric means over the workloads and modes that EVERY backend of the run
+    timed (so that the backends' means are over the same rows): speedup over eager, ratio to
+    inductor, and first-call seconds. ``left_out``: the backend's rows that were not timed
+    (WRONG, FAILED, SKIPPED), which leave that workload and mode out of every mean. [] when no
+    row was timed by every backend."""
+    backends = list(dict.fromkeys(r.backend for r in results if r.backend != "-"))
+    timed: dict[tuple[str, str], dict[str, Result]] = {}
+    for result in results:
+        timed.setdefault((result.workload, result.mode), {})
+        if result.median_ms:
+            timed[(result.workload, result.mode)][result.backend] = result
+    common = [key for key, rows in timed.items() if all(b in rows for b in backends)]
+    if not backends or not common:
+        return []
+    summary = []
+    for backend in backends:
+        rows = [timed[key][backend] for key in common]
+        summary.append({
+            "backend": backend,
+            "rows": len(common),
+            "speedup": _geomean([r.speedup for r in rows]),
+            "vs_inductor": _geomean([r.vs_inductor for r in rows]),
+            "first_call_s": _geomean([r.compile_s for r in rows]),
+            "left_out": sum(1 for key, by_backend in timed.items() if backend not in by_backend),
+        })
+    return summary
+
+
+def _geomean_row(entry: dict[str, Any]) -> list[str]:
+    note = f"{entry['left_out']} row(s) not timed: left out of every mean" if entry["left_out"] else ""
+    first = entry["first_call_s"]
+    return [
+        "geomean", f"{entry['rows']} rows", entry["backend"], "", "", "",
+        _ratio(entry["speedup"]), _ratio(entry["vs_inductor"]),
+        _number(first, 1 if (first or 0) >= 1 else 2), "", "", "", note,
+    ]
 
 
 LEGEND = (
@@ -68,7 +115,9 @@ LEGEND = (
     "inductor: the same against inductor (>1 is faster than inductor); first call s: wall time "
     "of the first step, compilation included; peak MiB: {memory} over the warm-up steps, less "
     "what it was before this backend's copy of the model was made; graphs: FX graphs Dynamo "
-    "compiled (and graph breaks). NOISY (note): the row's times, or its per-round ratio to "
+    "compiled (and graph breaks); geomean: per backend, geometric means of speedup, vs inductor "
+    "and first call s over the workloads and modes every backend timed. NOISY (note): the row's "
+    "times, or its per-round ratio to "
     f"eager or inductor, spread over ±{100 * NOISY_SPREAD:.0f}%: not a stable reading on this "
     "machine now."
 )
@@ -94,7 +143,8 @@ def noisy_summary(results: Sequence[Result], meta: dict[str, Any]) -> str:
 
 def write_json(path: Path, meta: dict[str, Any], results: Sequence[Result]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": meta, "results": [dataclasses.asdict(result) for result in results]}
+    payload = {"meta": meta, "results": [dataclasses.asdict(result) for result in results],
+               "geomeans": geomeans(results)}
     path.write_text(json.dumps(_finite(payload), indent=1, default=str, allow_nan=False) + "\n")
 
 

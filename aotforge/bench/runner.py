@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch.utils._pytree import tree_leaves
 
-from aotforge.bench import measure, profile
+from aotforge.bench import caches, measure, profile
 from aotforge.bench.workload import Case, Workload
 
 # Backends by name: plain eager, torch.compile's default (inductor), aotforge's two.
@@ -71,6 +71,9 @@ class Settings:
     # Mixed precision as trained in practice: float32 weights and inputs, each step under
     # torch.autocast(dtype) (else the module and inputs are converted to dtype).
     autocast: bool = False
+    # Compile every backend of every row against new empty caches (bench/caches.py), so that
+    # each first call is a cold compile: nothing from an earlier run or an earlier row.
+    cold_caches: bool = False
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -464,6 +467,8 @@ def run_workload(
                 results.append(Result(workload.name, workload.suite, mode, backend, "SKIPPED", OUT_OF_TIME))
                 continue
             progress(f"{workload.name} {mode} {backend} ...")
+            if settings.cold_caches:
+                caches.use_fresh_caches(f"{workload.name}-{mode}-{backend}")
             result, entry = start_backend(backend, workload, case, mode, settings, eager, allowed)
             progress(f"{workload.name} {mode} {backend}: {describe(result)}")
             results.append(result)

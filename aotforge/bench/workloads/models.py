@@ -34,9 +34,13 @@ class MLP(nn.Module):
         return self.head(x)
 
 
-def build_mlp(mode: str, quick: bool) -> Case:
-    batch, dim, hidden, depth = (16, 32, 64, 2) if quick else (8192, 1024, 4096, 4)
+def mlp_case(batch: int, dim: int, hidden: int, depth: int) -> Case:
+    """An :class:`MLP` and one batch of ``batch`` x ``dim`` inputs (the cpu suite's MLP too)."""
     return Case(MLP(dim, hidden, depth), (torch.randn(batch, dim),))
+
+
+def build_mlp(mode: str, quick: bool) -> Case:
+    return mlp_case(*((16, 32, 64, 2) if quick else (8192, 1024, 4096, 4)))
 
 
 class CausalSelfAttention(nn.Module):
@@ -54,8 +58,12 @@ class CausalSelfAttention(nn.Module):
             t.view(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
             for t in (q, k, v)
         )
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attention(q, k, v)
         return self.proj(y.transpose(1, 2).contiguous().view(batch, length, channels))
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over (batch, heads, length, head_dim) tensors."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Block(nn.Module):
