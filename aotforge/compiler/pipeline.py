@@ -148,7 +148,7 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
     with clock("post_grad_passes"):
         gm = passes.library_call_passes(gm, kind)              # padded matmuls, scatter-add accumulation
     printer = _printer(gm)
-    with clock("lower"):
+    with clock("lower"), config.patch(**printer.lowering_config):
         lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
     with clock("schedule"):

@@ -80,6 +80,12 @@ class CppPrinter(Printer):
     language = "cpp"
     whole_rows = False  # a persistent reduction is walked like a looped one (see the docstring)
     body_indent = "        "  # inside the loop over outputs
+    # a long reduction over few outputs is not cut into partial reductions plus a second pass:
+    # a GPU needs the pieces to fill its cores, a CPU thread walks a row at full speed
+    lowering_config = {"split_reduction_threshold": 2**62}
+
+    def __init__(self) -> None:
+        self.held_types: dict[str, str] = {}  # accumulator -> the C++ type its result is held in
 
     def index(self, expr: sympy.Expr) -> str:
         # every index variable is an int64_t, and sizes are non-negative: C++'s ``/`` floors
@@ -150,7 +156,8 @@ class CppPrinter(Printer):
     # --- reductions and loops -----------------------------------------------------------------
 
     def accumulator(self, kind: ReductionKind, name: str, identity: str, dtype: torch.dtype, bound: str) -> list[str]:
-        lines = [f"auto {name} = {identity};"]
+        self.held_types[name] = CPP_TYPE[dtype]
+        lines = [f"{accumulator_type(kind, dtype)} {name} = {identity};"]
         if kind.returns_index:
             lines.append(f"int64_t {name}_index = {bound};")
         return lines
@@ -163,7 +170,9 @@ class CppPrinter(Printer):
                 f"{{ {name}_index = rindex; {name} = {value}; }}"]
 
     def finish(self, kind: ReductionKind, values: str, result: str, indices: str, bound: str) -> list[str]:
-        return [f"auto {result} = {indices if kind.returns_index else values};"]
+        if kind.returns_index:
+            return [f"auto {result} = {indices};"]
+        return [f"auto {result} = static_cast<{self.held_types[values]}>({values});"]
 
     def loop(self, reductions: list) -> tuple[str, list[str]]:
         """A loop over a row. One whose reductions all fold values (no argmax) is marked for
@@ -226,6 +235,14 @@ _STORE = re.compile(r"\]\s*=[^=]")
 _MODULUS = re.compile(r"\(xindex % (\d+)\)")
 
 
+def accumulator_type(kind: ReductionKind, dtype: torch.dtype) -> str:
+    """Sums and products of float32 (and of half types, held as float32) accumulate in double:
+    a long row's rounding errors then stay below float32's own."""
+    if dtype == torch.float32 and kind.combine in ("add", "mul"):
+        return "double"
+    return CPP_TYPE[dtype]
+
+
 def _parallel_for(work: str) -> str:
     return f"#pragma omp parallel for if({work} >= {PARALLEL_WORK}) num_threads(aot_num_threads)"
 
@@ -250,11 +267,11 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
         return as_array.sub(lambda m: f"{m.group(1)}[xi]", text) if as_array else text
 
     column = ["const int64_t xindex = xo + xi;", "constexpr bool xmask = true;"] + before
-    initial = [tiled(line.replace("auto ", "", 1)) for line in loop.prelude]
+    initial = [tiled(re.sub(r"^\S+ (\w+) =", r"\1 =", line)) for line in loop.prelude]  # (declared above)
     out = ["    aot_error = 0;", "    " + _parallel_for("xnumel * rnumel"),
            f"    for (int64_t xo = 0; xo < xnumel; xo += {COLUMN_TILE}) {{",
            f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
-    out += [f"        {CPP_TYPE[dtype]} {name}[{COLUMN_TILE}];" for _, name, dtype in loop.reductions]
+    out += [f"        {accumulator_type(kind, dtype)} {name}[{COLUMN_TILE}];" for kind, name, dtype in loop.reductions]
     out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"] + ["            " + line for line in column + initial]
     out += ["        }", "        for (int64_t rindex = 0; rindex < rnumel; ++rindex) {",
             "            constexpr bool rmask = true;", "            #pragma omp simd",

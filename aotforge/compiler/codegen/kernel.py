@@ -148,6 +148,7 @@ class Printer:
     language = "python"
     whole_rows = True  # a persistent reduction holds its whole row at once
     body_indent = "    "  # of the kernel's body lines, under the header
+    lowering_config: dict = {}  # config the target lowers under (its own choices of loop shapes)
     numel_anchor = ", xnumel"  # the header's text before which size parameters are added
 
     def index(self, expr: sympy.Expr) -> str:

@@ -18,6 +18,7 @@ KINDS = {
     "compiled graphs": "graph_*.json",
     "AOT compiles": "compile_*.json",
     "miss explanations": "index_*.json",
+    "C++ libraries": "cpp_*",  # the library, its sidecar, and a source the compiler rejected
     "unfinished writes": ".tmp-*.part",
 }
 
