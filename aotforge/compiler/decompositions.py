@@ -17,7 +17,7 @@ aten = torch.ops.aten
 EXTRA_DECOMPOSITIONS = [
     "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
     "native_layer_norm", "native_layer_norm_backward",
-    "native_batch_norm", "_native_batch_norm_legit_functional", "_native_batch_norm_legit",
+    "native_batch_norm", "_native_batch_norm_legit",
     "_native_batch_norm_legit_no_training", "native_batch_norm_backward",
     "native_group_norm", "native_group_norm_backward",
     "gelu", "gelu_backward", "silu", "silu_backward", "sigmoid_backward",
@@ -39,6 +39,11 @@ def _table() -> dict:
     for packet in op_table.kept_whole():  # cuBLAS, cuDNN, attention: run as externs
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
+    # Batch norm's training forward stays whole: traced through its decomposition, a float32
+    # conv net's gradients came out 1e-3 to 2e-2 off float64 (eager: 1e-5), measured on the
+    # CPU benchmark's conv net with the ATen ops themselves (no generated code)
+    for overload in aten._native_batch_norm_legit_functional.overloads():
+        table.pop(getattr(aten._native_batch_norm_legit_functional, overload), None)
     return table
 
 
