@@ -10,30 +10,28 @@ backend is compiled:
   environment once, at import, so the field is set too); its in-memory module table is keyed by
   file path, so a new folder misses it as well;
 - inductor: ``TORCHINDUCTOR_CACHE_DIR`` (read by inductor's ``cache_dir()`` on every use, so
-  setting it mid-process takes effect), its in-memory code caches cleared, and its FX graph
-  cache and AOTAutograd cache turned off (they would only ever hit on a graph this process
-  compiled before);
+  setting it mid-process takes effect), and its FX graph cache and AOTAutograd cache turned
+  off through their environment variables (read when inductor's configuration is first
+  imported: by the run's first inductor compile, after the first call of this function);
 - Triton (GPU): ``TRITON_CACHE_DIR``, where both compilers' kernel binaries go.
 
-Config modules are changed only when torch has already imported them (``import torch`` does):
-the package never imports ``torch._inductor`` itself.
+Only environment variables and aotforge's own config change: the package never imports
+inductor. What a compiler keeps in memory by source hash (inductor's loaded modules,
+aotforge's loaded C++ libraries) still serves a later row of the same process that compiles
+the same kernels; the first row of each backend pays in full.
 """
 from __future__ import annotations
 
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 
 from aotforge.config import config
 
 ENVIRONMENT = ("AOTFORGE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-# (module, attribute) switched off: caches that outlive a cache folder's contents in a process.
-SWITCHED_OFF = (
-    ("torch._inductor.config", "fx_graph_cache"),
-    ("torch._functorch.config", "enable_autograd_cache"),
-)
+# caches that would only ever hit on a graph this process compiled before: off
+SWITCHED_OFF = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
 
 _root: str | None = None
 _count = 0
@@ -63,12 +61,5 @@ def use_fresh_caches(label: str = "") -> dict[str, str]:
         os.makedirs(folder, mode=0o700)
         os.environ[variable] = folder
     config.cache_dir = folders["AOTFORGE_CACHE_DIR"]
-    for module_name, attribute in SWITCHED_OFF:
-        module = sys.modules.get(module_name)
-        if module is not None and hasattr(module, attribute):
-            setattr(module, attribute, False)
-    inductor_utils = sys.modules.get("torch._inductor.utils")
-    clear = getattr(inductor_utils, "clear_caches", None)
-    if clear is not None:
-        clear()  # compiled modules and C++ libraries inductor keeps in memory, by source hash
+    os.environ.update(SWITCHED_OFF)
     return folders
