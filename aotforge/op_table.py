@@ -62,11 +62,15 @@ def _table() -> dict:
         unsqueeze alias as_strided split split_with_sizes unbind chunk narrow diagonal unfold
         view_as_real view_as_complex detach numpy_T""", VIEW)
     add(aten, """sum mean amax amin max min var std std_mean prod logsumexp
-        _softmax _log_softmax native_layer_norm native_group_norm native_batch_norm
-        _native_batch_norm_legit _native_batch_norm_legit_functional
+        _softmax _log_softmax native_layer_norm native_group_norm
         _native_batch_norm_legit_no_training argmax argmin any all norm linalg_vector_norm
-        cumsum max_pool2d_with_indices avg_pool2d adaptive_avg_pool2d _adaptive_avg_pool2d
+        cumsum avg_pool2d adaptive_avg_pool2d _adaptive_avg_pool2d
         _grad_sum_to_size sum_to_size""", REDUCTION)
+    # Library calls the compiler keeps (batch norm's training forward, max pooling): a
+    # backward that recomputed them would pay a whole pass of eager's kernel again (a CPU
+    # conv net recomputed both: 11 ms of a 63 ms step). The partitioner saves their outputs.
+    add(aten, """native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_functional
+        max_pool2d_with_indices""", COMPUTE)
     add(aten, "var_mean", REDUCTION, kept_whole=True)
     add(aten, "_to_copy to type_as clone lift_fresh_copy contiguous", CAST)
     add(aten, """full zeros ones zeros_like ones_like full_like new_zeros new_ones new_full
