@@ -114,6 +114,12 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     try:
         compiled = _compile_to_kernels(kind, gm, sizes, clock)
     except Exception as error:  # noqa: BLE001
+        if _is_cpp_failure(error):
+            # the system compiler refused our C++ (or went away): the graph keeps eager's
+            # kernels, and the kept source makes the bug report
+            debug.warn_user(f"aotforge: a {kind} graph runs as ATen calls (eager's kernels): building its C++ "
+                            f"kernels failed: {error}")
+            return _boxed(_aten_graph(kind, gm, clock.timings), gm)
         if not sizes.dynamic:
             raise
         # symbolic sizes reach corners static ones never do: such a failure costs the graph its
@@ -259,6 +265,12 @@ def _wants_kernels(gm: fx.GraphModule) -> bool:
     if "cuda" in devices or config.triton_on_cpu:
         return True
     return cpu_codegen_problem() is None
+
+
+def _is_cpp_failure(error: BaseException) -> bool:
+    from .runtime import cpp_build
+
+    return isinstance(error, (cpp_build.CppCompileError, cpp_build.CppUnavailable))
 
 
 def cpu_codegen_problem() -> Optional[str]:

@@ -152,3 +152,18 @@ def test_dynamic_sizes_are_arguments():
             x, w = f64(rows, cols), f64(cols)
             mark_dynamic(x, 0)
             torch.testing.assert_close(compiled(x, w), fn(x, w))
+
+
+def test_a_cpp_build_failure_keeps_eager_kernels_and_says_so(monkeypatch):
+    from aotforge.compiler.runtime import cpp_build as build
+
+    def refuse(source, stem):
+        raise build.CppCompileError("aotforge: compiling the C++ kernels of aot_graph failed (a test)")
+
+    monkeypatch.setattr(build, "load_library", refuse)
+    x, w = f64(8, 16), f64(16)
+    gm = trace(lambda x, w: ((x * w).exp(),), x, w)
+    with config.patch(triton_on_cpu=False, cpu_codegen=True), pytest.warns(UserWarning, match="runs as ATen calls"):
+        compiled = compile_fx_inner(gm, [x, w])
+    assert compiled.compiled_graph.path == "aten"
+    torch.testing.assert_close(compiled([x, w])[0], (x * w).exp())
