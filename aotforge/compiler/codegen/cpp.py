@@ -14,7 +14,7 @@ elements; C++ here works on one element at a time, in loops the C++ compiler vec
 Example (the sum of each row of a 16 x 64 float tensor)::
 
     extern "C" int aot_looped_...(float* ptr0, float* ptr1, int64_t xnumel, int64_t rnumel) {
-        aot_error = 0;
+        int aot_error = 0;
         #pragma omp parallel for if(xnumel * rnumel >= AOT_PARALLEL_WORK) num_threads(aot_num_threads)
         for (int64_t xindex = 0; xindex < xnumel; ++xindex) {
             constexpr bool xmask = true;
@@ -143,7 +143,7 @@ class CppPrinter(Printer):
         return f"static_cast<{CPP_TYPE[compute_dtype(dtype)]}>({index})"
 
     def wrap_negative(self, value: str, size: str) -> str:
-        return f"aot_wrap_index({value}, {size})"  # and bounds-checked: never a stray read
+        return f"aot_wrap_index({value}, {size}, &aot_error)"  # and bounds-checked: never a stray read
 
     def where(self, condition: str, a: str, b: str) -> str:
         return f"(({condition}) ? {a} : {b})"
@@ -201,7 +201,7 @@ class CppPrinter(Printer):
 
     def prologue(self, is_reduction: bool, persistent: bool, int64: bool) -> list[str]:
         work = "xnumel * rnumel" if is_reduction else "xnumel"
-        return ["aot_error = 0;",
+        return ["int aot_error = 0;",
                 f"#pragma omp parallel for if({work} >= {PARALLEL_WORK}) num_threads(aot_num_threads)",
                 "for (int64_t xindex = 0; xindex < xnumel; ++xindex) {",
                 "    constexpr bool xmask = true;"]
@@ -267,7 +267,7 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
 
     column = ["const int64_t xindex = xo + xi;", "constexpr bool xmask = true;"] + before
     initial = [tiled(re.sub(r"^\S+ (\w+) =", r"\1 =", line)) for line in loop.prelude]  # (declared above)
-    out = ["    aot_error = 0;", "    " + _parallel_for("xnumel * rnumel"),
+    out = ["    int aot_error = 0;", "    " + _parallel_for("xnumel * rnumel"),
            f"    for (int64_t xo = 0; xo < xnumel; xo += {COLUMN_TILE}) {{",
            f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
     out += [f"        {accumulator_type(kind, dtype)} {name}[{COLUMN_TILE}];" for kind, name, dtype in loop.reductions]
@@ -293,7 +293,7 @@ def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
     if row < 8 or shape.numel % row:
         return None
     text = text.replace(f"(xindex % {row})", "x1").replace(f"(xindex / {row})", "x0")
-    out = ["    aot_error = 0;", "    " + _parallel_for("xnumel"),
+    out = ["    int aot_error = 0;", "    " + _parallel_for("xnumel"),
            f"    for (int64_t x0 = 0; x0 < {shape.numel // row}; ++x0) {{",
            f"        for (int64_t x1 = 0; x1 < {row}; ++x1) {{",
            f"            const int64_t xindex = x0 * {row} + x1;", "            constexpr bool xmask = true;"]

@@ -39,16 +39,16 @@ Spelling = Union[str, Callable[[list[str], torch.dtype], str]]
 # instructions whose result has the operands' dtype (the printer casts the result to it)
 ARITHMETIC: dict[str, Spelling] = {
     "add": "{0} + {1}", "sub": "{0} - {1}", "rsub": "{1} - {0}", "mul": "{0} * {1}",
-    "truediv": _float_or_int("{0} / {1}", "aot_truncdiv({0}, {1})"),
+    "truediv": _float_or_int("{0} / {1}", "aot_truncdiv({0}, {1}, &aot_error)"),
     "neg": "-{0}",
     "abs": _float_or_int("std::abs({0})", "({0} < 0 ? -{0} : {0})"),
     "maximum": "aot_maximum({0}, {1})", "minimum": "aot_minimum({0}, {1})",
     "relu": "({0} < 0 ? {T}(0) : {0})",
     "reciprocal": "{T}(1) / {0}",
-    "floordiv": _float_or_int("std::floor({0} / {1})", "aot_floordiv({0}, {1})"),
-    "truncdiv": _float_or_int("std::trunc({0} / {1})", "aot_truncdiv({0}, {1})"),
-    "remainder": _float_or_int("aot_remainder_float({0}, {1})", "aot_remainder_int({0}, {1})"),
-    "fmod": _float_or_int("std::fmod({0}, {1})", "aot_fmod_int({0}, {1})"),
+    "floordiv": _float_or_int("std::floor({0} / {1})", "aot_floordiv({0}, {1}, &aot_error)"),
+    "truncdiv": _float_or_int("std::trunc({0} / {1})", "aot_truncdiv({0}, {1}, &aot_error)"),
+    "remainder": _float_or_int("aot_remainder_float({0}, {1})", "aot_remainder_int({0}, {1}, &aot_error)"),
+    "fmod": _float_or_int("std::fmod({0}, {1})", "aot_fmod_int({0}, {1}, &aot_error)"),
     "pow": _float_or_int("std::pow({0}, {1})", "aot_pow_int({0}, {1})"),
     "atan2": "std::atan2({0}, {1})", "copysign": "std::copysign({0}, {1})", "hypot": "std::hypot({0}, {1})",
     # fmax/fmin ignore a NaN operand (maximum/minimum propagate it), as std::fmax does
@@ -111,9 +111,9 @@ AOT_SIMD float atan2f(float, float); AOT_SIMD double atan2(double, double);
 }
 #endif
 
-// the first error a kernel met (ERRORS in cpp_ops.py); returned by the kernel
-static int aot_error = 0;
-static inline void aot_fail(int code) { __atomic_store_n(&aot_error, code, __ATOMIC_RELAXED); }
+// an error a kernel met (ERRORS in cpp_ops.py), into the kernel's own ``aot_error`` (a local of
+// the call, shared by its threads: two calls at once keep their errors apart); returned by it
+static inline void aot_fail(int* error, int code) { __atomic_store_n(error, code, __ATOMIC_RELAXED); }
 static int aot_num_threads = 1;
 extern "C" void aot_set_num_threads(int n) { aot_num_threads = n > 0 ? n : 1; }
 
@@ -129,22 +129,22 @@ template <typename T> static inline bool aot_beats_for_min(T v, T best) { return
 #pragma omp declare reduction(aot_min: float, double, int8_t, int16_t, int32_t, int64_t, uint8_t, bool: \
     omp_out = aot_minimum(omp_out, omp_in)) initializer(omp_priv = omp_orig)
 
-template <typename T> static inline T aot_truncdiv(T a, T b) {
-    if (b == 0) { aot_fail(1); return 0; }
+template <typename T> static inline T aot_truncdiv(T a, T b, int* error) {
+    if (b == 0) { aot_fail(error, 1); return 0; }
     if (b == T(-1)) return T(-a);  // INT_MIN / -1 traps; eager's result wraps
     return T(a / b);
 }
-template <typename T> static inline T aot_fmod_int(T a, T b) {
-    if (b == 0) { aot_fail(1); return 0; }
+template <typename T> static inline T aot_fmod_int(T a, T b, int* error) {
+    if (b == 0) { aot_fail(error, 1); return 0; }
     if (b == T(-1)) return 0;
     return T(a % b);
 }
-template <typename T> static inline T aot_floordiv(T a, T b) {
-    T q = aot_truncdiv(a, b);
+template <typename T> static inline T aot_floordiv(T a, T b, int* error) {
+    T q = aot_truncdiv(a, b, error);
     return (b != 0 && b != T(-1) && (a % b) != 0 && ((a < 0) != (b < 0))) ? T(q - 1) : q;
 }
-template <typename T> static inline T aot_remainder_int(T a, T b) {
-    T r = aot_fmod_int(a, b);
+template <typename T> static inline T aot_remainder_int(T a, T b, int* error) {
+    T r = aot_fmod_int(a, b, error);
     return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
 }
 template <typename T> static inline T aot_remainder_float(T a, T b) {
@@ -200,9 +200,9 @@ static inline int64_t aot_philox_bits(int64_t seed, int64_t counter) {
     return int64_t(c0);
 }
 
-static inline int64_t aot_wrap_index(int64_t index, int64_t size) {
+static inline int64_t aot_wrap_index(int64_t index, int64_t size, int* error) {
     if (index < 0) index += size;
-    if (index < 0 || index >= size) { aot_fail(2); return 0; }
+    if (index < 0 || index >= size) { aot_fail(error, 2); return 0; }
     return index;
 }
 '''

@@ -120,7 +120,7 @@ def test_kernel_source_golden_text():
     (kernel,) = graph.kernels
     body = kernel.source.split("\n", 1)[1]
     assert body == """\
-    aot_error = 0;
+    int aot_error = 0;
     #pragma omp parallel for if(xnumel >= 32768) num_threads(aot_num_threads)
     for (int64_t x0 = 0; x0 < 4; ++x0) {
         for (int64_t x1 = 0; x1 < 16; ++x1) {
@@ -167,3 +167,29 @@ def test_a_cpp_build_failure_keeps_eager_kernels_and_says_so(monkeypatch):
         compiled = compile_fx_inner(gm, [x, w])
     assert compiled.compiled_graph.path == "aten"
     torch.testing.assert_close(compiled([x, w])[0], (x * w).exp())
+
+
+def test_two_threads_calling_one_graph_keep_their_errors_apart():
+    """ctypes lets go of the GIL: a call that meets a bad index raises, one that does not never
+    does, however the two interleave (each call has its own error flag)."""
+    import threading
+
+    table = f64(64, 256)
+    good, bad = torch.randint(0, 64, (512,)), torch.full((512,), 64)
+    compiled, _ = compile_cpp(lambda t, i: ((t[i] * 2).sum(1),), table, good)
+    outcomes = {"good": [], "bad": []}
+
+    def call(name, index):
+        for _ in range(200):
+            try:
+                compiled([table, index])
+                outcomes[name].append("ok")
+            except RuntimeError:
+                outcomes[name].append("raised")
+
+    threads = [threading.Thread(target=call, args=("good", good)), threading.Thread(target=call, args=("bad", bad))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(outcomes["good"]) == {"ok"} and set(outcomes["bad"]) == {"raised"}, outcomes
