@@ -84,9 +84,6 @@ class CppPrinter(Printer):
     # a GPU needs the pieces to fill its cores, a CPU thread walks a row at full speed
     lowering_config = {"split_reduction_threshold": 2**62}
 
-    def __init__(self) -> None:
-        self.held_types: dict[str, str] = {}  # accumulator -> the C++ type its result is held in
-
     def index(self, expr: sympy.Expr) -> str:
         # every index variable is an int64_t, and sizes are non-negative: C++'s ``/`` floors
         return print_index(expr, "/")
@@ -156,8 +153,9 @@ class CppPrinter(Printer):
     # --- reductions and loops -----------------------------------------------------------------
 
     def accumulator(self, kind: ReductionKind, name: str, identity: str, dtype: torch.dtype, bound: str) -> list[str]:
-        self.held_types[name] = CPP_TYPE[dtype]
-        lines = [f"{accumulator_type(kind, dtype)} {name} = {identity};"]
+        # the values' own type: sums of float32 in double were measured 28x slower (GCC does not
+        # vectorize the widening); the SIMD lanes' partial sums keep a long row's error small
+        lines = [f"{CPP_TYPE[dtype]} {name} = {identity};"]
         if kind.returns_index:
             lines.append(f"int64_t {name}_index = {bound};")
         return lines
@@ -172,7 +170,7 @@ class CppPrinter(Printer):
     def finish(self, kind: ReductionKind, values: str, result: str, indices: str, bound: str) -> list[str]:
         if kind.returns_index:
             return [f"auto {result} = {indices};"]
-        return [f"auto {result} = static_cast<{self.held_types[values]}>({values});"]
+        return [f"auto {result} = {values};"]
 
     def loop(self, reductions: list) -> tuple[str, list[str]]:
         """A loop over a row. One whose reductions all fold values (no argmax) is marked for
@@ -235,13 +233,6 @@ _STORE = re.compile(r"\]\s*=[^=]")
 _MODULUS = re.compile(r"\(xindex % (\d+)\)")
 
 
-def accumulator_type(kind: ReductionKind, dtype: torch.dtype) -> str:
-    """An accumulator's C++ type: the values' own. (Sums of float32 in double were measured 28x
-    slower: GCC does not vectorize the widening. The SIMD reduction's lanes each hold a
-    partial sum, which keeps a long row's rounding error near a pairwise sum's.)"""
-    return CPP_TYPE[dtype]
-
-
 def _parallel_for(work: str) -> str:
     return f"#pragma omp parallel for if({work} >= {PARALLEL_WORK}) num_threads(aot_num_threads)"
 
@@ -270,7 +261,7 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
     out = ["    int aot_error = 0;", "    " + _parallel_for("xnumel * rnumel"),
            f"    for (int64_t xo = 0; xo < xnumel; xo += {COLUMN_TILE}) {{",
            f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
-    out += [f"        {accumulator_type(kind, dtype)} {name}[{COLUMN_TILE}];" for kind, name, dtype in loop.reductions]
+    out += [f"        {CPP_TYPE[dtype]} {name}[{COLUMN_TILE}];" for _, name, dtype in loop.reductions]
     out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"] + ["            " + line for line in column + initial]
     out += ["        }", "        for (int64_t rindex = 0; rindex < rnumel; ++rindex) {",
             "            constexpr bool rmask = true;", "            #pragma omp simd",

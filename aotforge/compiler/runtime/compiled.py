@@ -76,7 +76,7 @@ class CompiledGraph:
         else:
             counts = dict(externs=len(self.kernel_plan.steps) - len(self.kernels), lowered=dict(self.lowered.lowered_ops),
                           fallbacks=dict(self.lowered.fallback_ops), lowering_errors=list(self.lowered.lowering_errors))
-        return dict(path=self.kernels[0].language if self.kernels else "triton", kind=self.kind, kernels=len(self.kernels), unique_kernels=len({k.name for k in self.kernels}),
+        return dict(path=self.path, kind=self.kind, kernels=len(self.kernels), unique_kernels=len({k.name for k in self.kernels}),
                     **counts, wrapper=self.wrapper_source,
                     kernel_source=self.kernel_source, seconds=sum(self.timings.values()), timings=dict(self.timings))
 

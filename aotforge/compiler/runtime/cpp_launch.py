@@ -29,12 +29,15 @@ class CppKernel:
         self.source = source.source
         self.kind = source.kind
         self.numel, self.rnumel = source.numel, source.rnumel
+        self.buffers = len(source.arguments)
         # a static kernel's sizes are not passed by the wrapper
         self.sizes = () if source.dynamic else (source.numel,) + ((source.rnumel,) if source.kind != "pointwise" else ())
         self.library = library  # the loaded library lives as long as a kernel of it
 
     def run(self, *arguments: Any) -> None:
-        code = self.function(*[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in arguments], *self.sizes)
+        # the wrapper passes the buffers first, then a dynamic kernel's sizes
+        buffers = self.buffers
+        code = self.function(*[a.data_ptr() for a in arguments[:buffers]], *arguments[buffers:], *self.sizes)
         if code:
             raise RuntimeError(f"{ERRORS.get(code, f'error {code}')} (in aotforge's C++ kernel {self.name})")
 

@@ -145,13 +145,17 @@ def test_dynamic_sizes_are_arguments():
     def fn(x, w):
         return torch.softmax(x * w, -1).sum(0)
 
-    x, w = f64(6, 20), f64(20)
+    from aotforge.compiler.pipeline import observe
+
+    torch._dynamo.reset()
     compiled = torch.compile(fn, backend="aotforge", dynamic=True)
-    with config.patch(cpu_codegen=True):
+    with config.patch(cpu_codegen=True), observe() as graphs:
         for rows, cols in [(6, 20), (9, 20), (5, 33)]:
             x, w = f64(rows, cols), f64(cols)
             mark_dynamic(x, 0)
             torch.testing.assert_close(compiled(x, w), fn(x, w))
+    # one C++ graph serves every size: the sizes are its kernels' arguments
+    assert [g.path for g in graphs] == ["cpp"] and any(k.dynamic for k in graphs[0].kernels), graphs
 
 
 def test_a_cpp_build_failure_keeps_eager_kernels_and_says_so(monkeypatch):
