@@ -185,9 +185,12 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     groups = alias_groups(fake_args, meta)
     if any(is_subclass(fake_args[i]) for group in groups for i in group):
         raise NotImplementedError(
-            "aotforge: tensor-subclass inputs that share storage with another input (a view "
-            "passed with its base), where one of them is mutated, are not supported; clone "
-            "one of them before the call."
+            # PyTorch's words first (callers match on them), then ours
+            "Encountered aliased inputs that are mutated in the graph, but at least one input/output "
+            "to the graph is a tensor subclass. This is not supported today. aotforge: "
+            "tensor-subclass inputs that share storage with another input (a view passed with "
+            "its base), where one of them is mutated, are not supported; clone one of them "
+            "before the call."
         )
     if groups:
         transforms.append(SyntheticBases(groups, fake_args))
@@ -215,7 +218,7 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     else:
         run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, random_ops, subclasses)
     wrapped = apply_post_compile(run, transforms)
-    return aot_cache.with_plan(wrapped, run, meta, transforms, subclasses), meta, original_fake_args
+    return aot_cache.with_plan(wrapped, run, meta, transforms, subclasses, fake_args), meta, original_fake_args
 
 
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode, random_ops,

@@ -57,7 +57,7 @@ from .compile import fake_inputs
 from .export_errors import ExportError
 from .export_guards import guard_constant_inputs, guard_dynamic_shapes
 from .export_pre_dispatch import trace_pre_dispatch
-from .input_analysis import alias_groups
+from .export_checks import check_module_inputs, check_simple_inputs
 from .metadata import collect_metadata
 from .schemas import OutputKind, ViewAndMutationMeta
 from .trace import graph_outputs_fn, make_tangents, trace, trace_forward
@@ -269,7 +269,7 @@ def aot_export_module(
         output_descriptions = [
             _output_label(index, path) for index, path in enumerate(_leaf_paths(out_spec, None))
         ]
-        _check_inputs(fake_args, meta, descriptions, trace_joint)
+        check_module_inputs(fake_args, meta, descriptions, trace_joint)
         graph_fn = _export_outputs_fn(flat_fn, meta)
         if trace_joint:
             output_loss_index = _check_joint_outputs(
@@ -340,6 +340,8 @@ def aot_export_joint_simple(
     for index, arg in enumerate(args):
         if not isinstance(arg, torch.Tensor):
             raise ExportError(
+                # PyTorch's words first (callers match on them), then ours
+                "aot_export_joint_simple requires individual inputs not to be pytrees. "
                 f"aot_export_joint_simple: input {index} is a {type(arg).__name__}, not a tensor. "
                 "It takes no pytrees or constants: flatten them yourself (pytree.tree_flatten) "
                 "or use aot_export_module, or bind constants into func with functools.partial."
@@ -368,17 +370,7 @@ def aot_export_joint_simple(
             meta, graph_output_fakes = collect_metadata(
                 flat_fn, fake_args, is_training=trace_joint, keep_inference_input_mutations=False
             )
-        for index, info in enumerate(meta.input_info):
-            _refuse_storage_changes(info, f"input {index}", "aot_export_joint_simple")
-            if info.mutates_data or info.mutates_metadata:
-                kind = "data (an in-place op)"
-                if not info.mutates_data:
-                    kind = "metadata (t_, unsqueeze_, ...)"
-                raise ExportError(
-                    f"aot_export_joint_simple: func mutates the {kind} of input {index}. It must "
-                    "not mutate inputs: compute on a copy (x = x.clone()) or use "
-                    "aot_export_module, whose graph returns updated inputs as extra outputs."
-                )
+        check_simple_inputs(fake_args, meta, trace_joint)
         for index, info in enumerate(meta.output_info):
             if info.kind is not OutputKind.NOT_ALIAS:
                 raise ExportError(
@@ -541,48 +533,6 @@ def _loss_joint_fn(graph_fn: Callable, loss_position: int) -> Callable:
 # Restrictions
 
 
-def _refuse_storage_changes(info, description: str, who: str) -> None:
-    """set_() and storage resizes of inputs: aot_function replays them; a signature cannot."""
-    if info.storage_swapped or info.storage_nbytes_after is not None:
-        what = "set_()s" if info.storage_swapped else "resizes the storage of"
-        raise ExportError(
-            f"{who}: the function {what} {description}; an exported graph cannot express a "
-            "storage change of an input. Do it outside the exported function, or compile with "
-            "aot_function / torch.compile, which replay it."
-        )
-
-
-def _check_inputs(
-    fake_args: Sequence, meta: ViewAndMutationMeta, descriptions: list[str], trace_joint: bool
-) -> None:
-    for info, description in zip(meta.input_info, descriptions):
-        _refuse_storage_changes(info, description, "aot_export_module")
-        if info.mutates_metadata:
-            raise ExportError(
-                f"aot_export_module: the forward changes the metadata (shape, strides or offset, "
-                f"as t_, unsqueeze_, resize_ or as_strided_ do) of {description}. Export cannot "
-                "express that; use the out-of-place op (x = x.t()) instead."
-            )
-        if trace_joint and info.mutates_data and info.requires_grad:
-            raise ExportError(
-                f"aot_export_module: the forward mutates {description} in place, and it requires "
-                "grad. A joint export cannot mutate what it differentiates: use an out-of-place "
-                "op, or call requires_grad_(False) on it before exporting."
-            )
-        if trace_joint and info.mutates_data and info.requires_grad_after:
-            raise ExportError(
-                f"aot_export_module: the forward writes a value that requires grad into "
-                f"{description}, so it would start requiring grad. Write a detached value "
-                "(buf.copy_(value.detach())) instead."
-            )
-    for group in alias_groups(fake_args, meta):
-        names = ", ".join(descriptions[i] for i in group)
-        raise ExportError(
-            f"aot_export_module: {names} share memory and one of them is mutated; the exported "
-            "graph takes each input separately and cannot express that. Pass a .clone() of one."
-        )
-
-
 def _check_joint_outputs(
     meta: ViewAndMutationMeta, output_shapes: list, descriptions: list[str], loss_index: int
 ) -> int:
@@ -613,7 +563,8 @@ def _check_joint_outputs(
     for index, info in enumerate(outputs):
         if index != loss_index and info.requires_grad:
             raise ExportError(
-                f"aot_export_module: {descriptions[index]} requires grad, but only the loss "
+                "Found an output of the forward that requires gradients, that was not the scalar "
+                f"loss. aot_export_module: {descriptions[index]} requires grad, but only the loss "
                 f"({descriptions[loss_index]}) is differentiated in a joint export. "
                 "Return it with .detach() from the forward."
             )

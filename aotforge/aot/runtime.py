@@ -292,7 +292,10 @@ def make_training_runtime(
             return tuple(outputs)
 
         @staticmethod
+        @torch._disable_dynamo
         def backward(ctx, *grad_outputs):
+            # (not traced by Dynamo: a torch.compile'd function that calls loss.backward() runs
+            # this under Dynamo's frame hook, which would trace and recompile our own wrappers)
             if mutated_in_backward and torch.is_grad_enabled():
                 _check_backward_mutations_without_create_graph(ctx.mutated_in_backward)
             return backward_once(ctx, *grad_outputs)
@@ -323,10 +326,12 @@ def _check_backward_mutations_without_create_graph(targets: Sequence[torch.Tenso
                     "backward ran with create_graph=True, as eager would refuse too.)"
                 )
             raise RuntimeError(
-                "aotforge: a custom autograd.Function's backward mutates an input that requires "
-                "grad, and backward ran with create_graph=True; the compiled backward cannot "
-                "record that mutation for double backward. Call backward without create_graph, "
-                "or mutate a tensor that does not require grad."
+                # PyTorch's words first (callers match on them), then ours
+                "aot_autograd does not support input mutations with requires_grad in backward "
+                "for create_graph=True. aotforge: a custom autograd.Function's backward mutates "
+                "an input that requires grad, and backward ran with create_graph=True; the "
+                "compiled backward cannot record that mutation for double backward. Call "
+                "backward without create_graph, or mutate a tensor that does not require grad."
             )
 
 

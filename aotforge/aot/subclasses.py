@@ -419,10 +419,12 @@ def coerce_runtime_tangent(tangent, layout: Layout, position: int):
             coerced = coerce(context) if actual is expected else coerce(context, expected)
         if coerced is None:
             raise RuntimeError(
-                # PyTorch's first sentence (code that catches it matches on it), then ours
+                # PyTorch's first sentences (code that catches it matches on them), then ours
                 "\nDuring the backward, we encountered a tensor subclass where we guessed its\n"
                 "metadata incorrectly.\n"
-                f"aotforge: the gradient of output {position} is a {actual.__name__} "
+                + (f"Expected a {expected.__name__} tangent but got a plain Tensor.\n"
+                   if actual is torch.Tensor and expected is not torch.Tensor else "")
+                + f"aotforge: the gradient of output {position} is a {actual.__name__} "
                 f"(flatten context {actual_context!r}), but the backward was compiled for a "
                 f"{expected.__name__} (flatten context {context!r}), the type of the forward "
                 f"output, and {actual.__name__} cannot convert itself "
