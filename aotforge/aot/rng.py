@@ -408,6 +408,14 @@ class _RandomOpDetector(TorchDispatchMode):
 
     supports_higher_order_operators = True  # with_effects & co. pass through untouched
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.cond (and the other higher-order ops) run eagerly through torch.compile. With a
+        # mode on the stack that does not ignore compile internals, Dynamo skips that compile
+        # and marks the wrapper's code object "skip" for good: every later eager torch.cond in
+        # the process then fails (issue 36). Compiled code still runs its ops through this mode.
+        return True
+
     def __init__(self, devices: set):
         super().__init__()
         self.devices = devices
