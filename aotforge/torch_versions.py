@@ -28,3 +28,26 @@ def new_fake_mode(**kwargs) -> FakeTensorMode:
     (or, with a ShapeEnv, into an unbacked symbol). ``export=True`` (torch >= 2.4) is the
     switch that keeps fakes value-free; it changes nothing else in the mode."""
     return FakeTensorMode(export=True, **kwargs)
+
+
+def backed_size_hints(shape_env) -> dict:
+    """The ShapeEnv's backed size symbols with their values in this trace (Symbol -> Integer).
+
+    torch 2.13 renamed ``ShapeEnv.var_to_val`` to ``backed_var_to_val``; the old name still
+    answers there but warns (FutureWarning) on every read, which users saw on every cold
+    compile of a dynamic-shape graph (issue 36). Older releases have only the old name."""
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    return hints if hints is not None else shape_env.var_to_val
+
+
+def optimization_size_hint(shape_env, expr, fallback: int) -> int:
+    """A concrete value for the size ``expr``, to rank choices by (never for correctness): no
+    guard is added; ``fallback`` where torch has no hint (an unbacked size).
+
+    torch 2.13 deprecates ``ShapeEnv.size_hint`` (FutureWarning) for ``optimization_hint``;
+    older releases have only ``size_hint``."""
+    optimization_hint = getattr(shape_env, "optimization_hint", None)
+    if optimization_hint is not None:
+        return int(optimization_hint(expr, fallback=fallback))
+    hint = shape_env.size_hint(expr, allow_none=True)
+    return int(hint) if hint is not None else fallback

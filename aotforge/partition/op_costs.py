@@ -35,6 +35,7 @@ import torch
 import torch.fx as fx
 
 from .. import op_table
+from ..torch_versions import optimization_size_hint
 from ..op_table import (CAST, COLLECTIVE, COMPUTE, CREATION, GETITEM, INDEXING, POINTWISE, RANDOM,  # noqa: F401
                         REDUCTION, UNKNOWN, VIEW, packet_of)
 
@@ -87,7 +88,7 @@ def hint(value) -> int:
         concrete = getattr(node, "hint", None)
         if concrete is None and getattr(node, "shape_env", None) is not None:
             try:
-                concrete = node.shape_env.size_hint(node.expr, allow_none=True)
+                concrete = optimization_size_hint(node.shape_env, node.expr, SIZE_FALLBACK)
             except Exception:  # a shape env without hints for this expression
                 concrete = None
         return int(concrete) if concrete is not None else SIZE_FALLBACK

@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 
 from ... import debug
+from ...torch_versions import backed_size_hints
 from ..codegen.kernel import KernelSource
 from ..codegen.wrapper import Program
 from ..expr import FloorDiv, ModularIndexing
@@ -328,7 +329,7 @@ def _shape_guards(example_inputs: Sequence[Any]) -> tuple[dict, list]:
             if isinstance(size, torch.SymInt):
                 names |= {s.name for s in size.node.expr.free_symbols}
     symbols = {}
-    for symbol, hint in env.var_to_val.items():
+    for symbol, hint in backed_size_hints(env).items():
         if symbol.name in names:
             bounds = env.var_to_range.get(symbol)
             symbols[symbol.name] = (int(hint), _bound(bounds.lower) if bounds else None,
