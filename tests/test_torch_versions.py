@@ -30,3 +30,24 @@ def test_item_of_an_input_is_never_baked_into_the_graph(count):
     x = torch.ones(2, dtype=torch.float64)
     with pytest.raises(Exception, match="_local_scalar_dense"):
         compiled(x, count)
+
+
+def test_size_hints_without_deprecated_shape_env_names():
+    """ShapeEnv.var_to_val and size_hint warn (FutureWarning) from torch 2.13: the helpers read
+    the new names where torch has them, and give the same values as the old ones."""
+    import warnings
+
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from aotforge.torch_versions import backed_size_hints, optimization_size_hint
+
+    env = ShapeEnv()
+    fake = new_fake_mode(shape_env=env).from_tensor(torch.empty(5, 3), static_shapes=False)
+    rows, cols = fake.shape
+    unbacked = env.create_unbacked_symint()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hints = {str(symbol): int(value) for symbol, value in backed_size_hints(env).items()}
+        assert sorted(hints.values()) == [3, 5]
+        assert optimization_size_hint(env, rows.node.expr * cols.node.expr, 7) == 15
+        assert optimization_size_hint(env, unbacked.node.expr, 7) == 7
