@@ -282,11 +282,17 @@ def check_no_fake_constants(module: nn.Module) -> None:
             for attribute, tensor in tensors.items():
                 if isinstance(tensor, FakeTensor):
                     where = f"{prefix}.{attribute}" if prefix else attribute
-                    raise ValueError(
+                    raise FakeConstantError(
+                        f"Unexpected fake {'param' if name == '_parameters' else 'buffer'} {where}. "
                         f"aotforge: {type(module).__name__}.{where} is a FakeTensor (a tensor "
                         "without data, from another trace); a compiled graph cannot close over "
                         "it. Replace it with a real tensor before compiling."
                     )
+
+
+class FakeConstantError(ValueError, AssertionError):
+    """A FakeTensor where a compiled graph needs data. A ValueError (a wrong argument), and an
+    AssertionError, the type PyTorch's aot_module_simplified raises for it (callers catch that)."""
 
 
 def check_graph_constants(gm, grad_enabled: bool) -> None:
@@ -297,7 +303,8 @@ def check_graph_constants(gm, grad_enabled: bool) -> None:
     for node in gm.graph.find_nodes(op="get_attr"):
         value = getattr(gm, node.target, None)
         if isinstance(value, FakeTensor):
-            raise ValueError(
+            raise FakeConstantError(
+                f"Unexpected fake buffer {node.target}. "
                 f"aotforge: the traced function closes over a FakeTensor constant ({node.target}); "
                 "a compiled graph needs real data. Pass it as an argument or use a real tensor."
             )

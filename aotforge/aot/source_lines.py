@@ -152,3 +152,55 @@ def interpreted_node_by_node(gm) -> Iterator[None]:
             yield
     finally:
         del gm.forward
+
+
+@contextlib.contextmanager
+def mutation_source_lines(functional_mode, tensors: dict) -> Iterator[dict]:
+    """While tracing under ``functional_mode``: the stack trace of the last in-place op on each
+    of ``tensors`` (key -> FunctionalTensor), or on a view of it, as ``{key: stack_trace}``.
+
+    A mutation an inference graph keeps becomes one ``copy_`` into the input, emitted after
+    the function returned, where no user line is current; it takes the line of the op that
+    made the change (``x_view.mul_(2)``), as PyTorch's graphs show it."""
+    from .functional import storage_ref
+
+    storages = {storage_ref(t): key for key, t in tensors.items()}
+    found: dict = {}
+    if not storages or not fx_traceback.has_preserved_node_meta():
+        yield found
+        return
+    handle = functional_mode.__torch_dispatch__
+
+    def dispatch(mode, func, types, args=(), kwargs=None):
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.is_mutable and args and isinstance(args[0], torch.Tensor):
+            key = storages.get(storage_ref(args[0]))
+            stack_trace = fx_traceback.get_current_meta().get("stack_trace")
+            if key is not None and stack_trace:
+                found[key] = stack_trace
+        return handle(func, types, args, kwargs)
+
+    # an attribute of the mode object, not a mode of its own (see metadata._StorageChanges)
+    functional_mode.__torch_dispatch__ = dispatch.__get__(functional_mode)
+    try:
+        yield found
+    finally:
+        del functional_mode.__torch_dispatch__
+
+
+@contextlib.contextmanager
+def stack_trace_of_next_nodes(stack_trace: Optional[str]) -> Iterator[None]:
+    """Nodes traced inside get ``stack_trace`` (when one is given and node meta is kept)."""
+    if not stack_trace or not fx_traceback.has_preserved_node_meta():
+        yield
+        return
+    meta = fx_traceback.get_current_meta()
+    previous = meta.get("stack_trace")
+    meta["stack_trace"] = stack_trace
+    try:
+        yield
+    finally:
+        if previous is None:
+            meta.pop("stack_trace", None)
+        else:
+            meta["stack_trace"] = previous

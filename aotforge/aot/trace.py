@@ -188,23 +188,27 @@ def make_tangents(graph_output_fakes: Sequence, meta: ViewAndMutationMeta) -> li
     ]
 
 
-def _functionalized(fn: Callable, kept_mutations: Sequence[int], arity: int) -> Callable:
+def _functionalized(fn: Callable, kept_mutations: Sequence[int], arity: int, functional_mode) -> Callable:
     """Run ``fn`` on functional wrappers of its (pytree) arguments and unwrap the results.
 
     ``kept_mutations`` lists flat argument indices whose final value is written back with a
-    ``copy_`` that stays in the graph (keep_inference_input_mutations).
+    ``copy_`` that stays in the graph (keep_inference_input_mutations); each ``copy_`` carries
+    the source line of the op that mutated the input.
     """
 
     def functional(args):
         with below_functionalization():
             functional_args = pytree.tree_map(to_functional, args)
-            outputs = fn(*functional_args)
+            flat_functional = pytree.tree_leaves(functional_args)
+            kept = {index: flat_functional[index] for index in kept_mutations}
+            with source_lines.mutation_source_lines(functional_mode, kept) as mutation_lines:
+                outputs = fn(*functional_args)
             effects.end_phase("forward" if arity == 1 else "backward")
         results = pytree.tree_map(from_functional, outputs)
         flat_args = pytree.tree_leaves(args)
-        flat_functional = pytree.tree_leaves(functional_args)
         for index in kept_mutations:
-            flat_args[index].copy_(from_functional(flat_functional[index]))
+            with source_lines.stack_trace_of_next_nodes(mutation_lines.get(index)):
+                flat_args[index].copy_(from_functional(flat_functional[index]))
         return results
 
     # make_fx names placeholders after the traced function's parameters: primals_1, tangents_1.
@@ -237,7 +241,8 @@ def trace(
     functional_mode = (
         FunctionalTensorMode(_allow_token_discovery=True) if functionalize else contextlib.nullcontext()
     )
-    traced_fn = _functionalized(fn, kept_mutations, len(args)) if functionalize else _unfunctionalized(fn, len(args))
+    traced_fn = (_functionalized(fn, kept_mutations, len(args), functional_mode) if functionalize
+                 else _unfunctionalized(fn, len(args)))
     with TRACE_LOCK, recording_source_lines(), fake_mode, enable_python_dispatcher(), functional_mode:
         gm = make_fx(
             traced_fn,

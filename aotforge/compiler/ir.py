@@ -135,9 +135,10 @@ class ComputedBuffer(Buffer):
 
 
 class ExternBuffer(Buffer):
-    """One tensor output of an ATen call made by the wrapper."""
+    """One tensor output of an ATen call made by the wrapper. ``output_index`` is its path in
+    the call's result (``(1, 0)``: ``result[1][0]``), None for a call returning one tensor."""
 
-    def __init__(self, name, layout, dtype, device, call: "ExternCall", output_index: Optional[int]):
+    def __init__(self, name, layout, dtype, device, call: "ExternCall", output_index: Optional[tuple]):
         super().__init__(name, layout, dtype, device)
         self.call, self.output_index = call, output_index
 

@@ -149,7 +149,7 @@ class _Writer:
         for out in call.outputs:
             if out is None:
                 continue
-            source = call.name if call.single_output else f"{call.name}[{out.output_index}]"
+            source = call.name + "".join(f"[{i}]" for i in out.output_index or ())
             self.emit(f"{out.name} = ensure_layout({source}, {_sizes(out.layout.size)}, {_sizes(out.layout.stride)})")
         self.emit(f"del {call.name}")
 

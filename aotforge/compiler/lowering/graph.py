@@ -251,17 +251,25 @@ class GraphLowering:
         call = ExternCall(self._extern_names(), node.target, args, kwargs,
                           single_output=not isinstance(val, (tuple, list)))
         outputs = [val] if call.single_output else list(val)
-        results = []
-        for position, out in enumerate(outputs):
-            if isinstance(out, torch.Tensor):
-                buffer = ExternBuffer(self.new_buffer_name(),
-                                      Layout(list(ir.sympify_size(out.shape)), list(ir.sympify_size(out.stride()))),
-                                      out.dtype, out.device, call, None if call.single_output else position)
-                call.outputs.append(buffer)
-                results.append(buffer.view())
-            else:
+
+        def output(out, index):
+            if isinstance(out, (tuple, list)):
+                # a nested tuple (run_and_save_rng_state returns (state, op's outputs)): each
+                # tensor inside is a buffer read at its path, e.g. extern0[1][0]
+                return tuple(output(inner, (*index, position)) for position, inner in enumerate(out))
+            if not isinstance(out, torch.Tensor):
                 call.outputs.append(None)
-                results.append(out)
+                return out
+            buffer = ExternBuffer(self.new_buffer_name(),
+                                  Layout(list(ir.sympify_size(out.shape)), list(ir.sympify_size(out.stride()))),
+                                  out.dtype, out.device, call, index)
+            call.outputs.append(buffer)
+            return buffer.view()
+
+        if call.single_output:
+            results = [output(val, None)]
+        else:
+            results = [output(out, (position,)) for position, out in enumerate(outputs)]
         self.operations.append(call)
         return results[0] if call.single_output else tuple(results)
 
