@@ -36,6 +36,8 @@ QUICK = (
     "tests/aot/test_mutation_aliasing.py::test_multi_output_views_reject_inplace_like_eager",
     # entry points leave torch as they found it: eager torch.cond afterwards (issue 36)
     "tests/aot/test_leaves_torch_as_found.py",
+    # a cold and a warm compile with the caches on raise no torch deprecation (-W error)
+    "tests/test_no_deprecation_warnings.py",
     # partition and compiler
     "tests/partition/test_mincut.py::test_gradients_equal_eager",
     "tests/compiler/test_pipeline.py::test_write_back_into_a_view_of_an_input",
