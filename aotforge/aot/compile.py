@@ -218,7 +218,7 @@ def _compile_flat(flat_fn, flat_args, config: AOTConfig, *, is_training: bool):
     else:
         run = _compile_inference(graph_fn, fake_args, meta, config, fake_mode, random_ops, subclasses)
     wrapped = apply_post_compile(run, transforms)
-    return aot_cache.with_plan(wrapped, run, meta, transforms, subclasses), meta, original_fake_args
+    return aot_cache.with_plan(wrapped, run, meta, transforms, subclasses, fake_args), meta, original_fake_args
 
 
 def _compile_inference(graph_fn, fake_args, meta, config: AOTConfig, fake_mode, random_ops,

@@ -220,10 +220,26 @@ class AOTConfig:
     compile_backward_now: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class TracedSizes:
+    """What ``symbol_bindings`` reads of a traced input, for a runtime rebuilt from plain data
+    (aot/cache.py) without fake tensors: a tensor's sizes, strides and storage offset (ints
+    or sympy expressions), or a SymInt input's expression (``symint``)."""
+
+    values: tuple
+    symint: bool = False
+
+
 def symbol_bindings(fake_args: Sequence, real_args: Sequence) -> dict:
     """Map each size symbol of the traced fake inputs to its value in this call's inputs."""
     bindings: dict = {}
     for fake, real in zip(fake_args, real_args):
+        if isinstance(fake, TracedSizes):
+            reals = (real,) if fake.symint else (*real.size(), *real.stride(), real.storage_offset())
+            for traced, value in zip(fake.values, reals):
+                if isinstance(traced, sympy.Symbol):
+                    bindings[traced] = int(value)
+            continue
         if not isinstance(fake, torch.Tensor):
             if isinstance(fake, torch.SymInt) and isinstance(fake.node.expr, sympy.Symbol):
                 bindings[fake.node.expr] = int(real)

@@ -8,8 +8,16 @@ example inputs' metadata (parameters and buffers included, with their names), th
 tracing reads (grad mode, autocast, default dtype, deterministic algorithms), aotforge's config
 and the versions. An entry names the compiled-graph entries of its forward and backward (or
 inference) graph; a compile whose graphs are not all in that cache, whose runtime is not plain
-data (aot/cache.py says which), with symbolic sizes, with inputs that share memory, or under
-``config.verify`` or CUDA graphs is not stored, and is compiled as usual next time.
+data (aot/cache.py says which), with inputs that share memory, or under ``config.verify`` or
+CUDA graphs is not stored, and is compiled as usual next time.
+
+Symbolic sizes: the key holds the inputs' symbolic shapes (their symbols' names, not their
+values), so that one entry serves every size. Tracing adds shape guards to Dynamo's ShapeEnv
+(a broadcast, a specialization); an entry keeps one variant per set of guards it was compiled
+under, a hit needs the current sizes to satisfy them, and re-asserts them in the ShapeEnv, so
+that Dynamo's guards for the compiled frame are what they would be after a cold compile. Such
+an entry also keeps each graph's ATen code (FX text), which a compiled graph runs for a call
+whose sizes are past its kernels' 32-bit indexing.
 """
 from __future__ import annotations
 
@@ -33,7 +41,8 @@ from ..aot.guards import autocast_state
 from ..config import config
 from .runtime import disk_cache, graph_cache, keys
 
-FORMAT = 1
+FORMAT = 2  # 2: variants per set of shape guards
+MAX_VARIANTS = graph_cache.MAX_VARIANTS
 
 
 @dataclasses.dataclass
@@ -41,6 +50,8 @@ class Lookup:
     name: str
     key: str
     parts: dict
+    inputs: list  # the flat inputs (parameters first): their ShapeEnv holds the guards
+    symbols: dict  # size symbol -> (hint, lower, upper) at lookup time
 
 
 @dataclasses.dataclass
@@ -65,10 +76,19 @@ def lookup(model: Any, example_inputs: Sequence[Any], inner_compile: Callable,
                                 "the caller's own)")
         return None, None
 
-    def load_graph(name: str, kind: str, described: Any) -> Optional[Callable]:
-        graph = graph_cache.load(kind, described, {}, None, f"{name}:{kind}")
+    def load_graph(name: str, kind: str, described: Any, symbols: dict) -> Optional[Callable]:
+        key, code = (described, None) if isinstance(described, str) else (described["key"], described.get("fx"))
+        aten = _unboxed(fx_graph_from_entry(code)) if code is not None else None
+        graph = graph_cache.load(kind, key, symbols, aten, f"{name}:{kind}", symbols_superset=True)
+        if graph is not None and aten is None and "run_aten_graph(args)" in graph.wrapper_source:
+            # (an entry stored without the graph's ATen code: a call past 32-bit indexing needs it)
+            return None
         return None if graph is None else boxed(graph)
     return _lookup("kernels", model, example_inputs, load_graph, getattr(inner_compile, "on_aot_cache_hit", None))
+
+
+def _unboxed(boxed_call: Callable) -> Callable[[list], Any]:
+    return lambda args: boxed_call(args)
 
 
 def _name() -> str:
@@ -92,15 +112,26 @@ def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
     if entry is None:
         debug.note("cache", f"{name}: AOT miss ({keys.explain_miss('compile', name, found.parts)})")
         return found, None
+    variants = entry.get("variants")
+    if not isinstance(variants, list) or not variants:
+        disk_cache.warn_bad_entry(path, "it holds no compiles")
+        debug.note("cache", f"{name}: AOT miss (the entry holds no compiles)")
+        return found, None
+    failures = [graph_cache.failed_guard(v, found.symbols) for v in variants]
+    if None not in failures:
+        debug.note("cache", f"{name}: AOT miss (the sizes are outside the entry's guards: {failures[-1]})")
+        return found, None
+    entry = variants[len(failures) - 1 - failures[::-1].index(None)]  # the newest that holds
     try:
         compiled = {}
         for kind, stored in entry["graphs"].items():
-            graph = load_graph(name, kind, stored)
+            graph = load_graph(name, kind, stored, found.symbols)
             if graph is None:
                 debug.note("cache", f"{name}: AOT miss (its {kind} graph is not in the compiled-graph cache)")
                 return found, None
             compiled[kind] = graph
         run = aot_plan.rebuild(entry["plan"], compiled)
+        _assert_guards(found.inputs, entry.get("guards", []))
     except Exception as error:  # noqa: BLE001  an entry we cannot rebuild from: compile instead
         disk_cache.warn_bad_entry(path, f"it cannot be loaded: {type(error).__name__}: {error}")
         debug.note("cache", f"{name}: AOT miss (the entry cannot be loaded)")
@@ -114,10 +145,10 @@ def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
     return found, bind_parameters(run, params, model)
 
 
-def store(found: Optional[Lookup], compiled: Callable, graphs: dict) -> None:
+def store(found: Optional[Lookup], compiled: Callable, graphs: dict, aten: Optional[dict] = None) -> None:
     """Write the entry for a compile made after a miss (``graphs``: by kind, the
     compiled-graph cache keys of its graphs, or its FX graphs as ``fx_graph_entry`` describes
-    them)."""
+    them; ``aten``: by kind, the FX graphs handed to the compiler, kept for symbolic sizes)."""
     if found is None:
         return
     plan = getattr(compiled, "aot_plan", None)
@@ -131,9 +162,38 @@ def store(found: Optional[Lookup], compiled: Callable, graphs: dict) -> None:
         debug.note("cache", f"{found.name}: AOT compile not stored (its {', '.join(missing)} graph is not in the "
                             "compiled-graph cache)")
         return
-    body = dict(plan=plan, graphs={kind: graphs[kind] for kind in needed})
-    keys.write_entry(keys.entry_path("compile", found.key), found.key, FORMAT, body)
+    try:
+        symbols, guards = graph_cache.shape_guards(found.inputs)  # with the guards tracing added
+    except graph_cache.Uncacheable as reason:
+        debug.note("cache", f"{found.name}: AOT compile not stored ({reason})")
+        return
+    stored = {kind: graphs[kind] for kind in needed}
+    if symbols and isinstance(stored[needed[0]], str):
+        if any((aten or {}).get(kind) is None for kind in needed):
+            debug.note("cache", f"{found.name}: AOT compile not stored (a graph's ATen code, which runs sizes past "
+                                "32-bit indexing, cannot be stored)")
+            return
+        stored = {kind: dict(key=key, fx=aten[kind]) for kind, key in stored.items()}
+    variant = dict(plan=plan, graphs=stored, symbols=symbols, guards=guards)
+    path = keys.entry_path("compile", found.key)
+    # one variant per set of guards, the newest last (as the compiled-graph cache keeps them)
+    existing = keys.read_entry(path, found.key, FORMAT) if symbols else None
+    variants = [v for v in (existing or {}).get("variants", []) if isinstance(v, dict)
+                and (v.get("symbols"), v.get("guards")) != (symbols, guards)]
+    keys.write_entry(path, found.key, FORMAT, {"variants": variants[-(MAX_VARIANTS - 1):] + [variant]})
     keys.remember_parts("compile", found.name, found.parts)
+
+
+def _assert_guards(inputs: Sequence[Any], guards: list) -> None:
+    """Record a hit's shape guards in the inputs' ShapeEnv, as tracing would have: Dynamo
+    turns that ShapeEnv's guards into the checks that pick this compiled frame."""
+    env = graph_cache.shape_env(inputs)
+    if env is None or not guards:
+        return
+    symbols = {s.name: s for s in graph_cache.backed_hints(env)}
+    for text in guards:
+        expr = graph_cache.parse_guard(text, symbols)
+        env.evaluate_expr(expr)
 
 
 # --- graphs that run as FX (CPU tensors: no code generation) -------------------------------------------
@@ -144,7 +204,8 @@ def compile_fx_graphs(model: Any, example_inputs: Sequence[Any], compile: Callab
     ``compile(keep)`` runs AOT autograd with each compiler wrapped by ``keep(kind, compiler)``,
     which keeps the graph the compiler is handed (the graph that runs); ``on_hit(Hit)`` is
     told what a hit loaded."""
-    found, hit = _lookup("fx", model, example_inputs, lambda name, kind, stored: fx_graph_from_entry(stored), on_hit)
+    found, hit = _lookup("fx", model, example_inputs, lambda name, kind, stored, symbols: fx_graph_from_entry(stored),
+                         on_hit)
     if hit is not None:
         return hit
     graphs: dict = {}
@@ -220,10 +281,9 @@ def _key(name: str, model: Any, example_inputs: Sequence[Any], path_kind: str) -
         raise graph_cache.Uncacheable(f"the model is a {type(model).__name__}, not an FX graph")
     params, names = lifted_state(model)
     inputs = [*params, *example_inputs]
-    if any(isinstance(s, torch.SymInt) for x in inputs if isinstance(x, torch.Tensor)
-           for s in (*x.shape, *x.stride(), x.storage_offset())) or any(
-            isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) for x in inputs):
-        raise graph_cache.Uncacheable("it has symbolic sizes")
+    if any(isinstance(x, (torch.SymFloat, torch.SymBool)) for x in inputs):
+        raise graph_cache.Uncacheable("it has a symbolic float or bool input")
+    symbols, _ = graph_cache.shape_guards(inputs)
     _check_no_shared_memory(inputs)
     parts = {
         **graph_cache.graph_digests(model, frozenset(names)),
@@ -233,7 +293,7 @@ def _key(name: str, model: Any, example_inputs: Sequence[Any], path_kind: str) -
         "versions": keys.versions_digest(graph_cache.devices(inputs, model)),
         "path": path_kind,
     }
-    return Lookup(name, disk_cache.digest(json.dumps(parts, sort_keys=True)), parts)
+    return Lookup(name, disk_cache.digest(json.dumps(parts, sort_keys=True)), parts, inputs, symbols)
 
 
 def _check_no_shared_memory(inputs: Sequence[Any]) -> None:
@@ -252,3 +312,18 @@ def _global_state() -> dict:
     """What AOT tracing reads from outside the graph and its inputs."""
     return dict(grad=torch.is_grad_enabled(), autocast=autocast_state(), default_dtype=str(torch.get_default_dtype()),
                 deterministic=torch.are_deterministic_algorithms_enabled())
+
+
+def keep_aten_code(found: Optional[Lookup], aten: dict) -> Callable[[str, Callable], Callable]:
+    """``keep(kind, compiler)``: ``compiler``, which also puts the FX code of the graph it is
+    handed into ``aten[kind]`` when the compile has symbolic sizes (its AOT entry keeps it)."""
+    def keep(kind: str, compiler: Callable) -> Callable:
+        if found is None or not found.symbols:
+            return compiler
+
+        def keeping(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
+            # before the compile: its passes may change the graph in place
+            aten[kind] = _fx_graph_entry_or_none(found, kind, gm)
+            return compiler(gm, example_inputs, **kwargs)
+        return keeping
+    return keep

@@ -371,16 +371,18 @@ def _compile_aot(model: Any, example_inputs: list, inner_compile: Callable, deco
     compile_pool.start_if_useful()  # workers boot while the graph is traced and partitioned
     table = select_decomposition_table(decompositions)
     aot_timings = {"started": time.perf_counter()}  # trace and partition seconds, for the breakdown
-    forward = functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings)
-    backward = functools.partial(inner_compile, is_backward=True)
-    inference = functools.partial(inner_compile, is_inference=True, aot_timings=aot_timings)
+    aten: dict = {}  # symbolic sizes: each graph's ATen code, which the AOT entry keeps
+    keep = aot_cache.keep_aten_code(cache, aten)
+    forward = keep("forward", functools.partial(inner_compile, is_backward=False, aot_timings=aot_timings))
+    backward = keep("backward", functools.partial(inner_compile, is_backward=True))
+    inference = keep("inference", functools.partial(inner_compile, is_inference=True, aot_timings=aot_timings))
     with graph_cache.capture() as graph_keys:  # the compiled-graph entries the AOT entry refers to
         compiled = aot_module_simplified(model, list(example_inputs), fw_compiler=forward, bw_compiler=backward,
                                          inference_compiler=inference, decompositions=table,
                                          partition_fn=partitioner(aot_timings), keep_inference_input_mutations=True,
                                          # both graphs' kernels go to the compile pool at once
                                          compile_backward_now=True)
-    aot_cache.store(cache, compiled, graph_keys)
+    aot_cache.store(cache, compiled, graph_keys, aten)
     return compiled
 
 

@@ -133,7 +133,7 @@ def test_resealed_plan_that_cannot_be_rebuilt_recompiles(cache_on, capsys):
     compile_and_check(capsys)
     path = aot_entry(cache_on)
     body = json.loads(path.read_bytes().partition(b"\n")[2])
-    body["plan"]["outputs"][0]["kind"] = "NO_SUCH_KIND"
+    body["variants"][-1]["plan"]["outputs"][0]["kind"] = "NO_SUCH_KIND"
     raw = json.dumps(body).encode()
     path.write_bytes(disk_cache.digest(raw).encode() + b"\n" + raw)
     with pytest.warns(CacheEntryWarning, match="cannot be loaded"):

@@ -88,9 +88,12 @@ def lookup(kind: str, gm: fx.GraphModule, example_inputs: Sequence[Any],
 
 
 def load(kind: str, key: str, symbols: dict, run_aten_graph: Optional[Callable[[list], Any]], name: str,
-         parts: Optional[dict] = None, timings: Optional[dict] = None) -> Optional[CompiledGraph]:
+         parts: Optional[dict] = None, timings: Optional[dict] = None,
+         symbols_superset: bool = False) -> Optional[CompiledGraph]:
     """The compiled graph stored under ``key`` whose guards hold for ``symbols``; None (with
-    the reason under AOTFORGE_LOG=cache, and a warning for a bad entry) when there is none."""
+    the reason under AOTFORGE_LOG=cache, and a warning for a bad entry) when there is none.
+    ``symbols_superset``: ``symbols`` holds every symbol of the compile (the AOT cache's, which
+    has no graph to read its own from); each variant reads those it was compiled with."""
     started = time.perf_counter()
     path = _path(key)
     entry = keys.read_entry(path, key, FORMAT)
@@ -103,7 +106,7 @@ def load(kind: str, key: str, symbols: dict, run_aten_graph: Optional[Callable[[
         disk_cache.warn_bad_entry(path, "it holds no compiled graphs")
         debug.note("cache", f"{name}: compiled-graph miss (the entry holds no compiled graphs)")
         return None
-    failures = [_failed_guard(v, symbols) for v in variants]
+    failures = [_failed_guard(v, _symbols_of(v, symbols) if symbols_superset else symbols) for v in variants]
     if None not in failures:
         debug.note("cache", f"{name}: compiled-graph miss (the sizes are outside the entry's guards: {failures[0]})")
         return None
@@ -303,6 +306,24 @@ def devices(example_inputs: Sequence[Any], gm: fx.GraphModule) -> list[str]:
 
 
 # --- symbolic sizes: the guards an entry was compiled under ------------------------------------
+
+def _symbols_of(variant: Any, symbols: dict) -> dict:
+    stored = variant.get("symbols") if isinstance(variant, dict) else None
+    return {name: value for name, value in symbols.items() if name in stored} if isinstance(stored, dict) else symbols
+
+
+def backed_hints(env: Any) -> dict:
+    """The ShapeEnv's size symbols with their values in this compile (``backed_var_to_val``
+    from torch 2.13, ``var_to_val`` before)."""
+    hints = getattr(env, "backed_var_to_val", None)
+    return dict(hints if hints is not None else env.var_to_val)
+
+
+def parse_guard(text: str, symbols: dict) -> Any:
+    """A stored guard as a sympy expression over ``symbols`` (name -> the ShapeEnv's Symbol)."""
+    expr = sympy.sympify(text, locals=_sympy_names())
+    return expr.xreplace({s: symbols[s.name] for s in expr.free_symbols})
+
 
 def _shape_env(example_inputs: Sequence[Any]) -> Any:
     for value in example_inputs:
@@ -512,3 +533,7 @@ def _load(entry: dict, kind: str, run_aten_graph: Callable[[list], Any], timings
                             run_aten_graph=run_aten_graph, precompile=False)
     compiled.cached_stats = dict(entry["stats"])
     return compiled
+
+
+# what the AOT cache (compiler/aot_cache.py) shares with this one
+shape_env, shape_guards, failed_guard = _shape_env, _shape_guards, _failed_guard

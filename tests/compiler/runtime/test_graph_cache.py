@@ -68,8 +68,8 @@ AOT_OUTCOME = {
     "mlp": "AOT hit",
     "mutation": "AOT hit",  # an input mutated in place: the epilogue's write-back is plain data
     "inference": "AOT hit",
-    "mutation_and_alias": "not stored (an output is a view",  # its view replay is not plain data
-    "dropout": "not stored (its inputs are transformed (RandomOps)",  # functionalized RNG
+    "mutation_and_alias": "AOT hit",  # the output's view replay is plain data
+    "dropout": "AOT hit",  # functionalized RNG (eager's generator: fallback_random)
     "cpu_fx": "AOT hit",  # graphs that run as FX code: the entry holds the code
     "cpu_cpp": "AOT hit",  # C++ kernels: the entry's library comes from the C++ library cache
 }
