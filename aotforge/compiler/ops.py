@@ -25,7 +25,7 @@ STRUCTURE = {
     "constant": "(number, dtype) -> dtype",
     "to_dtype": "(value, dtype, source dtype) -> dtype",
     "index_expr": "(index expression, dtype) -> dtype",
-    "indirect_indexing": "(value, size, check) -> an index symbol (a negative value counts from size)",
+    "indirect_indexing": "(value, size, check) -> an index symbol (check: the op's bounds rule, index_checks.py)",
     "masked": "(mask, body, other) -> the body's value where mask holds, other elsewhere; loads in the body are masked",
     "where": "(condition, a, b) -> a's dtype",
 }

@@ -43,6 +43,7 @@ from typing import Any, Optional
 import sympy
 import torch
 
+from .. import index_checks
 from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
 from .kernel import KernelShape, Printer, RowLoop, print_index
@@ -51,6 +52,14 @@ from .cpp_ops import ACCUMULATE, ARITHMETIC, BEATS, CPP_STORAGE_TYPE, CPP_TYPE, 
 # the OpenMP reduction of each combine instruction (aot_max/aot_min: the prelude's, which
 # propagate NaN as eager does; OpenMP's max would drop it)
 SIMD_REDUCTION = {"add": "+", "mul": "*", "maximum": "aot_max", "minimum": "aot_min"}
+
+# a kernel's error word, a local of the call shared by its threads; a kernel that reads indices
+# from tensors also keeps a bad index's details (value, size, check), which its return hands to
+# the calling thread (aot_finish, the prelude) for eager's message
+ERROR_LOCALS = "int aot_error = 0;"
+RETURN = "return aot_error;"
+INDEX_ERROR_LOCALS = "int aot_error = 0; int64_t aot_detail[3] = {0, 0, 0};"
+INDEX_RETURN = "return aot_finish(aot_error, aot_detail);"
 
 # elements (times the reduced size) below which a kernel runs on one thread: a parallel
 # region costs a few microseconds
@@ -139,8 +148,10 @@ class CppPrinter(Printer):
     def index_expr(self, index: str, dtype: torch.dtype, level: int) -> str:
         return f"static_cast<{CPP_TYPE[compute_dtype(dtype)]}>({index})"
 
-    def wrap_negative(self, value: str, size: str) -> str:
-        return f"aot_wrap_index({value}, {size}, &aot_error)"  # and bounds-checked: never a stray read
+    def indirect_index(self, value: str, size: str, check: Any) -> str:
+        # bounds-checked (never a stray read), negatives counted from the end only where eager
+        # does; a bad index's details go to aot_detail, for eager's message (index_checks.py)
+        return f"aot_check_index({value}, {size}, {index_checks.encode(check)}, &aot_error, aot_detail)"
 
     def where(self, condition: str, a: str, b: str) -> str:
         return f"(({condition}) ? {a} : {b})"
@@ -199,13 +210,13 @@ class CppPrinter(Printer):
 
     def prologue(self, is_reduction: bool, persistent: bool, int64: bool) -> list[str]:
         work = "xnumel * rnumel" if is_reduction else "xnumel"
-        return ["int aot_error = 0;",
+        return [ERROR_LOCALS,
                 f"#pragma omp parallel for if({work} >= {PARALLEL_WORK}) num_threads(aot_num_threads)",
                 "for (int64_t xindex = 0; xindex < xnumel; ++xindex) {",
                 "    constexpr bool xmask = true;"]
 
     def epilogue(self) -> list[str]:
-        return ["    }", "    return aot_error;", "}"]
+        return ["    }", f"    {RETURN}", "}"]
 
     def body(self, lines: list[str], loops: list[RowLoop], shape: KernelShape) -> list[str]:
         """Three arrangements of the same lines: a reduction down columns (its rows are not
@@ -213,15 +224,17 @@ class CppPrinter(Printer):
         (``_columns``); a pointwise kernel over rows of a broadcast operand walks rows then
         columns, so that ``xindex % C`` becomes a plain loop counter (``_rows_of``); else
         one loop over outputs, each walking its row (the builder's own order)."""
+        arranged = None
         if shape.is_reduction and not shape.reduction_contiguous:
             arranged = _columns(lines, loops, shape)
-            if arranged is not None:
-                return arranged
-        if not shape.is_reduction:
+        elif not shape.is_reduction:
             arranged = _rows_of(lines, shape)
-            if arranged is not None:
-                return arranged
-        return super().body(_split_row_loops(lines, loops, shape), loops, shape)
+        if arranged is None:
+            arranged = super().body(_split_row_loops(lines, loops, shape), loops, shape)
+        if any("aot_detail" in line for line in lines):
+            arranged = [line.replace(ERROR_LOCALS, INDEX_ERROR_LOCALS).replace(RETURN, INDEX_RETURN)
+                        for line in arranged]
+        return arranged
 
     def rename(self, text: str, placeholder: str, name: str) -> str:
         return text.replace(f" int {placeholder}(", f" int {name}(", 1)
@@ -258,7 +271,7 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
 
     column = ["const int64_t xindex = xo + xi;", "constexpr bool xmask = true;"] + before
     initial = [tiled(re.sub(r"^\S+ (\w+) =", r"\1 =", line)) for line in loop.prelude]  # (declared above)
-    out = ["    int aot_error = 0;", "    " + _parallel_for("xnumel * rnumel"),
+    out = ["    " + ERROR_LOCALS, "    " + _parallel_for("xnumel * rnumel"),
            f"    for (int64_t xo = 0; xo < xnumel; xo += {COLUMN_TILE}) {{",
            f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
     out += [f"        {CPP_TYPE[dtype]} {name}[{COLUMN_TILE}];" for _, name, dtype in loop.reductions]
@@ -269,7 +282,7 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
     out += ["                " + tiled(line) for line in column + loop.body]
     out += ["            }", "        }", "        for (int64_t xi = 0; xi < xcount; ++xi) {"]
     out += ["            " + tiled(line) for line in column + loop.after]
-    return out + ["        }"] + ["    }", "    return aot_error;", "}"]
+    return out + ["        }"] + ["    }", f"    {RETURN}", "}"]
 
 
 def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
@@ -284,12 +297,12 @@ def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
     if row < 8 or shape.numel % row:
         return None
     text = text.replace(f"(xindex % {row})", "x1").replace(f"(xindex / {row})", "x0")
-    out = ["    int aot_error = 0;", "    " + _parallel_for("xnumel"),
+    out = ["    " + ERROR_LOCALS, "    " + _parallel_for("xnumel"),
            f"    for (int64_t x0 = 0; x0 < {shape.numel // row}; ++x0) {{",
            f"        for (int64_t x1 = 0; x1 < {row}; ++x1) {{",
            f"            const int64_t xindex = x0 * {row} + x1;", "            constexpr bool xmask = true;"]
     out += ["            " + line for line in text.split("\n")]
-    return out + ["        }", "    }", "    return aot_error;", "}"]
+    return out + ["        }", "    }", f"    {RETURN}", "}"]
 
 
 _ROW_MODULUS = re.compile(r"\(rindex % (\d+)\)")

@@ -200,11 +200,26 @@ static inline int64_t aot_philox_bits(int64_t seed, int64_t counter) {
     return int64_t(c0);
 }
 
-static inline int64_t aot_wrap_index(int64_t index, int64_t size, int* error) {
-    if (index < 0) index += size;
-    if (index < 0 || index >= size) { aot_fail(error, 2); return 0; }
-    return index;
+// an index read from a tensor, checked against its dimension's size under the op's rule
+// (compiler/index_checks.py: bit 0-1 the rule, 0 = advanced indexing, whose negatives count from
+// the end). A bad one records error 2 and, for the first thread to fail, its details, from which
+// the launcher raises eager's exception and message; it is never used to read (0 instead).
+static inline int64_t aot_check_index(int64_t index, int64_t size, int64_t check, int* error, int64_t* detail) {
+    int64_t position = (index < 0 && (check & 3) == 0) ? index + size : index;
+    if (position >= 0 && position < size) return position;
+    int expected = 0;
+    if (__atomic_compare_exchange_n(error, &expected, 2, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        detail[0] = index; detail[1] = size; detail[2] = check;  // (read after the parallel region)
+    }
+    return 0;
 }
+// the details of the calling thread's last failed call (the kernel's own threads are gone)
+static thread_local int64_t aot_last_detail[3];
+static inline int aot_finish(int error, const int64_t* detail) {
+    if (error) { aot_last_detail[0] = detail[0]; aot_last_detail[1] = detail[1]; aot_last_detail[2] = detail[2]; }
+    return error;
+}
+extern "C" void aot_error_detail(int64_t* out) { out[0] = aot_last_detail[0]; out[1] = aot_last_detail[1]; out[2] = aot_last_detail[2]; }
 '''
 
 

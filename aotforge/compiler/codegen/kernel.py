@@ -163,6 +163,11 @@ class Printer:
     def epilogue(self) -> list[str]:
         return []
 
+    def indirect_index(self, value: str, size: str, check: Any) -> str:
+        """An index read from a tensor, as a position in a dimension of ``size``; ``check`` is
+        the lowering's bounds rule (ops.indirect_indexing). Here: negatives count from the end."""
+        return self.wrap_negative(value, size)
+
     def body(self, lines: list[str], loops: list[RowLoop], shape: KernelShape) -> list[str]:
         """The kernel's body under its header: the prologue, the builder's ``lines`` (whose
         row loops are also given as ``loops``, for a target that arranges them otherwise)."""
@@ -301,8 +306,8 @@ class KernelBuilder:
         return self._emit(self.p.index_expr(self.p.index(expr), dtype, level), dtype, level)
 
     def indirect_indexing(self, value: Var, size: Any, check: bool = True) -> sympy.Symbol:
-        var = self._emit(self.p.wrap_negative(value.name, f"({self.p.index(sympy.sympify(size))})"), value.dtype,
-                         value.level)
+        var = self._emit(self.p.indirect_index(value.name, f"({self.p.index(sympy.sympify(size))})", check),
+                         value.dtype, value.level)
         self.symbol_levels[var.name] = var.level
         return sympy.Symbol(var.name, integer=True)
 

@@ -9,6 +9,7 @@ import torch
 
 from ..dtypes import compute_dtype
 from ..expr import FloorDiv
+from ..index_checks import index_check
 from ..ir import Pointwise, StorageView, Value, same_size, static_int, sympify_size
 from ..ops import ops
 from .pointwise import _cast
@@ -159,9 +160,10 @@ def constant_pad_nd(ctx: LoweringContext, x: Value, pad: Sequence[int], value: A
     return Pointwise(size, dtype, x.device, fn)
 
 
-def _indirect(index_value: Value, index_at, size: Any):
+def _indirect(index_value: Value, index_at, size: Any, check: str):
+    # ``check``: the op's bounds rule and error (index_checks.py: eager's differ by op)
     load = index_value.make_loader()
-    return ops.indirect_indexing(load(index_at), size)
+    return ops.indirect_indexing(load(index_at), size, check)
 
 
 @register(aten.index.Tensor)
@@ -190,7 +192,7 @@ def index(ctx: LoweringContext, x: Value, indices: Sequence[Optional[Value]]) ->
         for d in positions:
             t = indices[d]
             at = [sympy.Integer(0) if n == 1 else bidx[len(broadcast) - len(t.size) + k] for k, n in enumerate(t.size)]
-            full[d] = _indirect(t, at, x.size[d])
+            full[d] = _indirect(t, at, x.size[d], index_check("index", d))
         for d, i in zip(rest, other):
             full[d] = i
         return load(full)
@@ -206,7 +208,7 @@ def gather(ctx: LoweringContext, x: Value, dim: int, index_: Value, *, sparse_gr
 
     def fn(position):
         full = list(position)
-        full[dim] = _indirect(index_, position, x.size[dim])
+        full[dim] = _indirect(index_, position, x.size[dim], index_check("gather", dim))
         return load(full)
     return Pointwise(index_.size, x.dtype, x.device, fn)
 
@@ -219,10 +221,12 @@ def index_select(ctx: LoweringContext, x: Value, dim: int, index_: Value) -> Val
     load = x.make_loader()
     size = list(x.size)
     size[dim] = index_.size[0] if index_.size else sympy.Integer(1)
+    # (eager's kernel for dimension 1 of a tensor of 2 or more dimensions has its own message)
+    check = index_check("select_dim1" if dim == 1 and len(x.size) > 1 else "select")
 
     def fn(position):
         full = list(position)
-        full[dim] = _indirect(index_, [position[dim]] if index_.size else [], x.size[dim])
+        full[dim] = _indirect(index_, [position[dim]] if index_.size else [], x.size[dim], check)
         return load(full)
     return Pointwise(size, x.dtype, x.device, fn)
 
@@ -234,7 +238,7 @@ def embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx: 
     size = list(indices.size) + [weight.size[1]]
 
     def fn(position):
-        return load([_indirect(indices, position[:-1], weight.size[0]), position[-1]])
+        return load([_indirect(indices, position[:-1], weight.size[0], index_check("select")), position[-1]])
     return Pointwise(size, weight.dtype, weight.device, fn)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import index_checks
 from ..codegen.cpp import translation_unit
 from ..codegen.cpp_ops import ERRORS
 from ..codegen.kernel import KernelSource
@@ -23,8 +24,9 @@ class CppKernel:
     best = "c++"  # nothing to tune or compile at the first launch (the pipeline's first-call timing)
     pool_seconds = 0.0
 
-    def __init__(self, function: Any, source: KernelSource, library: Any):
+    def __init__(self, function: Any, source: KernelSource, library: Any, detail: Any = None):
         self.function = function
+        self.detail = detail  # the library's aot_error_detail (a bad index's value, size and check)
         self.name = source.name
         self.source = source.source
         self.kind = source.kind
@@ -39,7 +41,15 @@ class CppKernel:
         buffers = self.buffers
         code = self.function(*[a.data_ptr() for a in arguments[:buffers]], *arguments[buffers:], *self.sizes)
         if code:
-            raise RuntimeError(f"{ERRORS.get(code, f'error {code}')} (in aotforge's C++ kernel {self.name})")
+            raise self._error(code)
+
+    def _error(self, code: int) -> Exception:
+        if code == 2 and self.detail is not None:  # a bad index: eager's exception and message
+            detail = (ctypes.c_int64 * 3)()
+            self.detail(detail)  # (this thread's last failed call: the one that just returned)
+            value, size, check = detail
+            return index_checks.index_error(index_checks.decode(check), value, size)
+        return RuntimeError(f"{ERRORS.get(code, f'error {code}')} (in aotforge's C++ kernel {self.name})")
 
 
 def load_kernels(kernels: tuple[KernelSource, ...], precompile: bool = True) -> dict[str, CppKernel]:
@@ -49,6 +59,7 @@ def load_kernels(kernels: tuple[KernelSource, ...], precompile: bool = True) -> 
     unique = {k.name: k for k in kernels}
     library = cpp_build.load_library(translation_unit([k.source for k in unique.values()]), "aot_graph")
     library.cdll.aot_set_num_threads(ctypes.c_int(torch.get_num_threads()))
+    detail = library.function("aot_error_detail", [ctypes.POINTER(ctypes.c_int64)])
     functions = {}
     for name, source in unique.items():
         pointers = [ctypes.c_void_p] * len(source.arguments)
@@ -56,4 +67,4 @@ def load_kernels(kernels: tuple[KernelSource, ...], precompile: bool = True) -> 
         function = library.function(name, pointers + sizes)
         function.restype = ctypes.c_int
         functions[name] = function
-    return {k.group: CppKernel(functions[k.name], k, library) for k in kernels}
+    return {k.group: CppKernel(functions[k.name], k, library, detail) for k in kernels}
