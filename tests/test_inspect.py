@@ -146,3 +146,29 @@ def test_two_models_of_one_class_are_inspected_apart():
     assert [len(r.records) for r in reports] == [1, 1, 1]
     assert [r.target for r in reports] == ["Block", "Sequential", "Sequential"]
     assert "tanh" not in str(reports[2]) and "tanh" in str(reports[1])
+
+
+@pytest.mark.parametrize("entry", ["torch.compile", "aot_module"])
+def test_a_model_of_torch_layers_only_has_source_lines(entry):
+    """nn.Sequential of torch's own layers has no line of the user's inside it (and Dynamo
+    drops torch's frames): each node still names the layer it comes from and the user's line
+    that called the model, in the forward and the backward graphs."""
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.GELU())
+    if entry == "torch.compile":
+        compiled = torch.compile(model, backend="aotforge_eager")
+    else:
+        compiled = aotforge.aot_module(model, aotforge.nop)
+    x = torch.randn(3, 8)
+    out = compiled(x)  # the line the graphs name as the caller
+    torch.testing.assert_close(out, model(x))
+    out.sum().backward()
+    record = aotforge.inspect(compiled).records[0]
+    for kind in ("forward", "backward"):
+        graph = record.graphs[kind]
+        assert "No stacktrace found" not in graph.print_readable(print_output=False), kind
+        traces = {n.name: n.meta.get("stack_trace") or "" for n in graph.graph.nodes if n.op == "call_function"}
+        assert traces and all("out = compiled(x)" in t for t in traces.values()), traces
+        assert any("linear.py" in t for t in traces.values()) and any("activation.py" in t for t in traces.values())
+    lines = "\n".join(aotforge.inspection.source_lines(record.graphs["forward"]))
+    assert "linear.py" in lines and "activation.py" in lines, lines

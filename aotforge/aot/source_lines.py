@@ -6,6 +6,11 @@ backward nodes, as PyTorch's own graphs do.
   frames (those between aotforge's tracing entry and torch) as the current node meta, which
   FX copies onto every node the call creates. Under Dynamo the nodes already carry Dynamo's
   stack traces (``backends._source_lines_kept``); those are kept.
+* torch's own layers: a model made of them (``nn.Sequential(nn.Linear(...), nn.GELU())``) has
+  no frame of the user's inside it, and Dynamo leaves such nodes without a stack trace (it
+  drops torch/nn/modules frames). Those nodes get the user's line that called the model and
+  the layer's ``forward`` (traced: the line that ran; under Dynamo: the module's path from
+  ``nn_module_stack`` and where its forward is defined).
 * Backward nodes: autograd runs them from its engine, with no user frame on the stack. Hooks
   on the autograd nodes (``tag_backward_nodes``) make each backward node record the sequence
   number of the forward op it differentiates (``seq_nr``, which forward nodes record too); a
@@ -17,7 +22,9 @@ backward nodes, as PyTorch's own graphs do.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import os
+import re
 import sys
 import sysconfig
 import traceback
@@ -32,24 +39,71 @@ from torch.overrides import TorchFunctionMode
 _AOT_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _STDLIB_DIR = sysconfig.get_paths().get("stdlib", "\0")
+_PACKAGE_DIR = os.path.dirname(_AOT_DIR)
+# torch's built-in layers and containers (nn.Linear, nn.Sequential): their forward is the
+# source of a model built only from them
+_LAYERS_DIR = os.path.join(_TORCH_DIR, "nn", "modules")
+
+
+def _is_users(filename: str) -> bool:
+    return not filename.startswith((_TORCH_DIR, _PACKAGE_DIR, _STDLIB_DIR, "<frozen"))
+
+
+def _callers_line(frame) -> Optional[tuple]:
+    """(frame, line) of the first frame of the user's code from ``frame`` outward: the line
+    that called the model; None when there is none (a script run by torch's tools)."""
+    while frame is not None and not _is_users(frame.f_code.co_filename):
+        frame = frame.f_back
+    return (frame, frame.f_lineno) if frame is not None else None
 
 
 def _user_stack() -> Optional[str]:
     """The frames of the user's code below aotforge's tracing entry, formatted like a
-    traceback; None when there are none (autograd's engine, or not inside a trace)."""
+    traceback; None when there are none (autograd's engine, or not inside a trace). A model
+    of torch's own layers only has no such frame: then the user's line that called it and
+    the layers' forward frames."""
     frame = sys._getframe(2)
-    user_frames = []
+    user_frames, layer_frames = [], []
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith(_AOT_DIR):
             break  # aotforge called the user's function from here: outer frames are not the model
-        if not filename.startswith((_TORCH_DIR, _STDLIB_DIR, "<frozen")):
+        if filename.startswith(_LAYERS_DIR):
+            layer_frames.append((frame, frame.f_lineno))
+        elif _is_users(filename):
             user_frames.append((frame, frame.f_lineno))
         frame = frame.f_back
-    if frame is None or not user_frames:
+    if frame is None:
+        return None
+    if not user_frames and layer_frames:
+        caller = _callers_line(frame)
+        user_frames = layer_frames + ([caller] if caller is not None else [])
+    if not user_frames:
         return None
     summary = traceback.StackSummary.extract(reversed(user_frames))
     return "".join(summary.format()).rstrip()
+
+
+def _layer_stack_trace(node: fx.Node, caller: Optional[tuple]) -> Optional[str]:
+    """For a node of Dynamo's graph without a stack trace that torch's layers made: the
+    user's line that called the model, then the forward of each module around the node
+    (``nn_module_stack``; Dynamo keeps no line inside them), formatted like a traceback."""
+    modules = node.meta.get("nn_module_stack") or {}
+    lines = []
+    if caller is not None:
+        frame, line = caller
+        code = linecache.getline(frame.f_code.co_filename, line).strip()
+        lines += [f'  File "{frame.f_code.co_filename}", line {line}, in {frame.f_code.co_name}', f"    {code}"]
+    for path, cls in modules.values():
+        forward = getattr(getattr(cls, "forward", None), "__code__", None)
+        if forward is None:
+            continue
+        # Dynamo's names: L['fn'].0 is the compiled model's child 0, L['self'].net its .net
+        name = re.sub(r"^L\['fn'\]", "model", str(path))
+        name = re.sub(r"L\['([^']*)'\]", r"\1", name)
+        lines += [f'  File "{forward.co_filename}", line {forward.co_firstlineno}, in forward',
+                  f"    {name}: {cls.__module__}.{cls.__qualname__}.forward"]
+    return "\n".join(lines) if modules and lines else None
 
 
 def _dynamo_compiling() -> bool:
@@ -146,12 +200,22 @@ def interpreted_node_by_node(gm) -> Iterator[None]:
     if not isinstance(gm, fx.GraphModule) or "forward" in gm.__dict__:
         yield
         return
+    caller = _callers_line(sys._getframe(0))  # Dynamo compiles within the user's call
+    filled = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and not node.meta.get("stack_trace"):
+            stack_trace = _layer_stack_trace(node, caller)
+            if stack_trace:
+                filled[node] = node.meta.get("stack_trace")
+                node.meta["stack_trace"] = stack_trace
     gm.forward = lambda *args: fx.Interpreter(gm).run(*args)
     try:
         with fx_traceback.preserve_node_meta():
             yield
     finally:
         del gm.forward
+        for node, previous in filled.items():  # Dynamo's graph as Dynamo made it
+            node.meta["stack_trace"] = previous
 
 
 @contextlib.contextmanager
