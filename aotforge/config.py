@@ -74,6 +74,11 @@ class Config:
     # Run every graph compiled by backend="aotforge" also through plain ATen and compare; on a
     # mismatch find the first diverging node and write a repro script (aotforge/verify.py).
     verify: bool = False
+    # A graph that a pass, the lowering or code generation cannot handle raises (for tests and
+    # for finding bugs), instead of running as its own ATen calls with one warning that names
+    # the graph, the stage and the error (the default: a compiler bug never costs a user their
+    # training step).
+    strict: bool = False
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager[None]:
         """Set fields, in this thread only, for the duration of a ``with`` block."""

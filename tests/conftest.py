@@ -14,6 +14,9 @@ if not torch.cuda.is_available():
 # with a load from an earlier run. Their own tests (tests/compiler/runtime/test_graph_cache.py)
 # turn them on.
 os.environ.setdefault("AOTFORGE_CACHE", "0")
+# A compiler failure raises in tests (users get eager's kernels and a warning instead), so that
+# no bug hides behind the fallback.
+os.environ.setdefault("AOTFORGE_STRICT", "1")
 
 
 # `python -m pytest -m quick`: a representative subset (about 1-2 min on a CPU), one slice of

@@ -180,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     device = _device(args.device)
     dtype = DTYPES[args.dtype]
+    if device.type == "cuda" and dtype == torch.float32 and not args.autocast:
+        # float32 means float32: with TF32 matmuls and convolutions every backend sits about 1e-3
+        # from float64, which hides real differences at float32's tolerance.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     for name, value, least in (("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0), ("--threads", args.threads, 1)):
         if value is not None and value < least:
             print(f"bench: {name} must be at least {least}, got {value}", file=sys.stderr)

@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 import torch
 
 MODES = ("train", "infer")
-SUITES = ("models", "micro", "hf", "cpu")
-# What runs when no --suite is given: the cpu suite's small sizes are for the CPU benchmark of
-# issue 24 and are asked for by name (--suite cpu, or --workloads cpu_...).
+SUITES = ("models", "micro", "hf", "cpu", "families")
+# What runs when no --suite is given: the cpu suite's small sizes are for the CPU benchmark and
+# the families suite's tiny models are a correctness check; both are asked for by name.
 DEFAULT_SUITES = ("models", "micro", "hf")
 
 

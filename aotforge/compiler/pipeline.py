@@ -75,9 +75,11 @@ class _Stopwatch:
 
     def __init__(self, timings: Optional[dict] = None) -> None:
         self.timings: dict[str, float] = dict(timings or {})
+        self.current = "post_grad_passes"  # the stage last entered: what a failure names
 
     @contextlib.contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
+        self.current = stage
         started = time.perf_counter()
         try:
             yield
@@ -103,9 +105,13 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
         _log_output_code(hit)
         return _boxed(hit, gm)
     compile_pool.start_if_useful()  # workers boot while this graph is lowered
-    with clock("post_grad_passes"):
-        _ensure_fake_values(gm, example_inputs)
-        gm = passes.post_grad_passes(gm)
+    handed_over = gm
+    try:
+        with clock("post_grad_passes"):
+            _ensure_fake_values(gm, example_inputs)
+            gm = passes.post_grad_passes(gm)
+    except Exception as error:  # noqa: BLE001
+        return _compiler_failed(kind, graph_id, clock, error, handed_over)
     debug.graph_artifact("graphs", f"{kind}_post_grad", gm)
     sizes = _size_vars(gm)                                 # SizeVars: symbols, where each is read
     if not (_wants_kernels(gm) and sizes is not None and _is_functional(gm)):
@@ -120,15 +126,34 @@ def compile_fx_inner(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
             debug.warn_user(f"aotforge: a {kind} graph runs as ATen calls (eager's kernels): building its C++ "
                             f"kernels failed: {error}")
             return _boxed(_aten_graph(kind, gm, clock.timings), gm)
-        if not sizes.dynamic:
-            raise
-        # symbolic sizes reach corners static ones never do: such a failure costs the graph its
-        # kernels, never the user's compile
-        log.warning("aotforge: a %s graph with symbolic sizes runs as ATen calls: compiling it failed "
-                    "(%s: %s)", kind, type(error).__name__, error)
-        return _boxed(_aten_graph(kind, gm, clock.timings), gm)
+        if sizes.dynamic and not config.strict:
+            # symbolic sizes reach corners static ones never do: such a failure costs the graph
+            # its kernels, never the user's compile
+            log.warning("aotforge: a %s graph with symbolic sizes runs as ATen calls: compiling it failed "
+                        "(%s: %s)", kind, type(error).__name__, error)
+            return _boxed(_aten_graph(kind, gm, clock.timings), gm)
+        return _compiler_failed(kind, graph_id, clock, error, gm)
     graph_cache.store(cache, compiled)
     return _boxed(compiled, gm)
+
+
+def _compiler_failed(kind: str, graph_id: Optional[int], clock: "_Stopwatch", error: Exception,
+                     gm: fx.GraphModule) -> Callable:
+    """A failure inside the compiler (a pass, the lowering, code generation, loading): under
+    ``config.strict`` it raises; otherwise the graph runs as its own ATen calls, which are
+    eager's kernels, and one warning names the graph, the stage and the error."""
+    if config.strict:
+        raise error
+    debug.warn_user(_fallback_message(kind, graph_id, clock.current, error))
+    return _boxed(_aten_graph(kind, gm, clock.timings))
+
+
+def _fallback_message(kind: str, graph_id: Optional[int], stage: str, error: BaseException) -> str:
+    graph = f"{kind} graph" + (f" {graph_id}" if graph_id is not None else "")
+    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    return (f"aotforge: the {graph} runs as ATen calls (eager's kernels, correct but unfused): its {stage} "
+            f"stage failed with {type(error).__name__}: {first_line}. This is an aotforge bug; please report "
+            "it with AOTFORGE_DUMP_DIR set. AOTFORGE_STRICT=1 raises instead.")
 
 
 # its compiled graphs are what the compiled-graph cache holds: an AOT compile through it can
@@ -193,7 +218,17 @@ def _boxed(compiled: CompiledGraph, gm: Optional[fx.GraphModule] = None) -> Call
         # launchers shared with an earlier graph were compiled (and counted) there
         fresh = [k for k in {id(k): k for k in compiled.launchers.values()}.values() if k.best is None]
         started = time.perf_counter()
-        out = compiled.call(args)
+        retry = list(args) if _may_retry_as_aten(compiled, gm) else None
+        try:
+            out = compiled.call(args)
+        except Exception as error:  # noqa: BLE001  (Triton compiles each kernel at its first launch)
+            if retry is None:
+                raise
+            # eager's kernels: the user's own mistake raises there as it would eagerly
+            out = _run_fx(gm)(retry)
+            debug.warn_user(_fallback_message(compiled.kind, None, "kernel compile (first launch)", error))
+            state[0] = _run_fx(gm)
+            return out
         if compiled.program is not None:
             total = time.perf_counter() - started
             for stage in ("pool_wait", "triton_compile", "autotune"):
@@ -214,6 +249,15 @@ def _boxed(compiled: CompiledGraph, gm: Optional[fx.GraphModule] = None) -> Call
     call.compiled_graph = compiled  # type: ignore[attr-defined]
     _announce(compiled)
     return call
+
+
+def _may_retry_as_aten(compiled: CompiledGraph, gm: Optional[fx.GraphModule]) -> bool:
+    """Whether a failed first call of generated kernels may run again as ATen calls: not
+    under ``config.strict``, and only for a graph that writes none of its inputs (a kernel
+    that ran before the failure may have written one already)."""
+    return (not config.strict and gm is not None and compiled.program is not None
+            and not any(node.op == "call_function" and getattr(node.target, "_schema", None) is not None
+                        and node.target._schema.is_mutable for node in gm.graph.nodes))
 
 
 def _aten_graph(kind: str, gm: fx.GraphModule, timings: dict) -> CompiledGraph:

@@ -20,6 +20,7 @@ from .. import ir
 from ..ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Layout, Pointwise,
                   PointwiseBody, ReductionBody, StorageView, Value)
 from ..dtypes import KERNEL_DTYPES
+from ..host_scalars import HOST_SCALAR_TO_DEVICE
 from ..ops import ReadRecorder, use_handler
 from ..sizes import STATIC, SizeVars, to_expr
 from .registry import LOWERINGS, LoweringContext, NotLowerable
@@ -58,6 +59,11 @@ class GraphLowering:
         self._buffer_names = ir.counter("buf")
         self._extern_names = ir.counter("extern")
         self._realized: list[Value] = []  # values given a buffer, in order (undone on decline)
+        # The device generated kernels run on: a graph with any CUDA tensor gets GPU kernels, so
+        # its CPU work (a step counter's update) runs as ATen calls and its CPU scalars (0-d
+        # tensors, read by eager as numbers) are put on the GPU once per call for the kernels.
+        self.kernel_device = _kernel_device(gm)
+        self._on_device: dict[fx.Node, StorageView] = {}  # host scalar -> its copy on the GPU
 
     # --- building blocks used by lowerings ------------------------------------------------
 
@@ -172,9 +178,10 @@ class GraphLowering:
         if node.target is operator.getitem:
             container = self.values[node.args[0]]
             return container[node.args[1]]
-        lowering = LOWERINGS.get(node.target) if _kernel_dtypes_only(node) else None
+        lowering = LOWERINGS.get(node.target) if _kernel_dtypes_only(node) and self._on_kernel_device(node) else None
+        value_of = self._value_of if lowering is None else self._kernel_operand
         # a SymInt read as a number would add a guard: lowerings see its expression
-        args, kwargs = _map_values(fx.node.map_arg((node.args, node.kwargs), self._value_of),
+        args, kwargs = _map_values(fx.node.map_arg((node.args, node.kwargs), value_of),
                                    lambda a: to_expr(a) if isinstance(a, torch.SymInt) else a)
         name = _op_name(node.target)
         if lowering is not None:
@@ -191,6 +198,34 @@ class GraphLowering:
                 debug.artifact("lowering", f"lowering_error_{node.name}", self.lowering_errors[-1], ".txt")
         self.fallback_ops[name] = self.fallback_ops.get(name, 0) + 1
         return self.extern(node, args, kwargs)
+
+    def _on_kernel_device(self, node: fx.Node) -> bool:
+        """Whether ``node``'s tensor results live where the graph's kernels run."""
+        if self.kernel_device is None:
+            return True
+        value = node.meta.get("val")
+        leaves = value if isinstance(value, (tuple, list)) else [value]
+        return all(leaf.device.type == self.kernel_device for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+    def _kernel_operand(self, node: fx.Node) -> Any:
+        """An operand as a GPU kernel reads it: a CPU scalar (``x * torch.tensor(2.0)``, an
+        optimizer's step count, a learning rate kept as a tensor) is filled into a GPU scalar
+        once per call (``host_scalar_to_device``: a fill with the value as its argument, so a
+        CUDA graph can record it), where a kernel would otherwise get a host pointer."""
+        value = node.meta.get("val")
+        if not (self.kernel_device == "cuda" and isinstance(value, torch.Tensor)
+                and value.device.type == "cpu" and value.dim() == 0):
+            return self._value_of(node)
+        if node not in self._on_device:
+            source = self.realize(self._value_of(node))
+            call = ExternCall(self._extern_names(), HOST_SCALAR_TO_DEVICE, (source,),
+                              {"device": torch.device(self.kernel_device)})
+            buffer = ExternBuffer(self.new_buffer_name(), Layout([], []), value.dtype,
+                                  torch.device(self.kernel_device), call, None)
+            call.outputs.append(buffer)
+            self.operations.append(call)
+            self._on_device[node] = buffer.view()
+        return self._on_device[node]
 
     def _value_of(self, node: fx.Node) -> Any:
         """A node's value as its users see it: a value that an earlier user gave a buffer (an
@@ -280,6 +315,16 @@ class GraphLowering:
             if isinstance(value, Value):
                 value = self.realize(value, _stride_of(arg.meta.get("val")))
             self.outputs.append(value)
+
+
+def _kernel_device(gm: fx.GraphModule) -> Optional[str]:
+    """``"cuda"`` for a graph with a CUDA tensor, else None (every node on one device)."""
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        for leaf in (value if isinstance(value, (tuple, list)) else [value]):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
+                return "cuda"
+    return None
 
 
 def _kernel_dtypes_only(node: fx.Node) -> bool:

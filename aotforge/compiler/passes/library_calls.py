@@ -27,6 +27,7 @@ After::
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Optional, Sequence
 
@@ -35,6 +36,8 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 
 from .graph_passes import run_passes
+
+log = logging.getLogger("aotforge")
 
 aten = torch.ops.aten
 
@@ -238,6 +241,7 @@ def channels_last_convolutions(gm: fx.GraphModule) -> fx.GraphModule:
     if not convolutions or not all(node.meta["val"].is_contiguous() for node in eager_strides):
         return gm
     converted: dict[fx.Node, fx.Node] = {}
+    original_args = {convolution: convolution.args for convolution in convolutions}
     for convolution in convolutions:
         if _val(convolution.args[0]).shape[1] < MIN_CHANNELS_LAST_CHANNELS:
             continue  # an image's 3 channels: converting it reads with a stride of H*W
@@ -246,7 +250,24 @@ def channels_last_convolutions(gm: fx.GraphModule) -> fx.GraphModule:
                 converted[operand] = _emit(gm.graph, convolution, aten.clone.default, (operand,),
                                            {"memory_format": torch.channels_last})
         convolution.args = tuple(converted.get(a, a) if i < 2 else a for i, a in enumerate(convolution.args))
-    _propagate_fake_values(gm)
+    if not converted:
+        # only a patch embedding's 3-channel convolution (ViT, Swin): nothing changed
+        return gm
+    saved = {node: node.meta.get("val") for node in gm.graph.nodes if node not in converted.values()}
+    try:
+        _propagate_fake_values(gm)
+    except Exception as error:  # noqa: BLE001  (a graph the new layouts do not fit keeps eager's)
+        # A view traced for eager's contiguous strides (a patch embedding's flatten) may not be
+        # expressible over the channels-last result: the graph keeps eager's layouts.
+        for convolution, args in original_args.items():
+            convolution.args = args
+        for clone in converted.values():
+            gm.graph.erase_node(clone)
+        for node, value in saved.items():
+            node.meta["val"] = value
+        log.info("aotforge: convolutions keep eager's layout: channels-last does not fit this graph (%s: %s)",
+                 type(error).__name__, error)
+        return gm
     output = next(n for n in gm.graph.nodes if n.op == "output")
     for node, stride in eager_strides.items():
         if node.meta["val"].stride() != stride:
