@@ -145,11 +145,26 @@ def _probed() -> _Probe:
     global _probe
     with _probe_lock:
         if _probe is None:
-            _probe = _run_probe()
+            _probe = _remembered_probe()
             if _probe.problem is None and not _probe.openmp:
                 debug.note("compile", f"C++ kernels are built without OpenMP ({_probe.command[0]} cannot build "
                                       "with -fopenmp), so they run on one thread")
         return _probe
+
+
+def _remembered_probe() -> _Probe:
+    """The probe's result, remembered on disk (cpp_probe.py): running it costs a compile and a
+    link (0.2 s and more), which a process that loads every kernel from the cache would pay for
+    nothing. A failed probe is not remembered: it may be fixed by the next run."""
+    from . import cpp_probe
+
+    remembered = cpp_probe.recall(_Probe)
+    if remembered is not None:
+        return remembered
+    probe = _run_probe()
+    if probe.problem is None:
+        cpp_probe.remember(probe)
+    return probe
 
 
 def _run_probe() -> _Probe:
@@ -256,6 +271,9 @@ def load_library(source: str, stem: str) -> Library:
     """Compile the C++ translation unit ``source`` (plain C++17, ``extern "C"`` functions, no torch
     headers) to a shared library, cached on disk, and load it with ctypes. ``stem`` names it in
     notes and errors. Raises CppUnavailable / CppCompileError."""
+    adopted = _adopted.get(disk_cache.digest(source))
+    if adopted is not None:  # loaded from a compiled-graph entry: no compiler needed
+        return adopted
     probe = _probed()
     if probe.problem is not None:
         raise CppUnavailable(f"aotforge: cannot build C++ kernels: {probe.problem}")
@@ -292,6 +310,31 @@ def _load_or_build(source: str, stem: str, key: str, probe: _Probe) -> Library:
             return Library(cdll, library_path, 0.0, True)
     debug.note("cache", f"{stem}: C++ library miss ({why}; {key[:16]})")
     return _build(source, stem, key, probe, folder, store=True)
+
+
+# digest of a translation unit -> its library, loaded from the bytes a compiled-graph entry keeps
+_adopted: dict[str, Library] = {}
+
+
+def adopt(source: str, path: str) -> Library:
+    """Load the library at ``path`` (verified by the caller: runtime/graph_cache.py checks it
+    against the digest its sealed entry holds) as the library of ``source``."""
+    key = disk_cache.digest(source)
+    with _libraries_lock:
+        library = _adopted.get(key)
+        if library is None:
+            library = _adopted[key] = Library(ctypes.CDLL(path), path, 0.0, True)
+        return library
+
+
+def loaded_paths() -> set[str]:
+    """Library files this process has loaded (dlopen keeps them by path: never rewrite one)."""
+    with _libraries_lock:
+        return {library.path for library in (*_libraries.values(), *_adopted.values())}
+
+
+def cpu_identity() -> str:
+    return _cpu_identity()
 
 
 def _entry_paths(folder: str, key: str) -> tuple[str, str]:

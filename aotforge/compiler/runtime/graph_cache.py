@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -45,7 +46,7 @@ from ..expr import FloorDiv, ModularIndexing
 from . import compiled as runtime, disk_cache, keys
 from .compiled import CompiledGraph
 
-FORMAT = 2  # 2: kernels name their language
+FORMAT = 3  # 2: kernels name their language; 3: the C++ library's bytes
 # Constants above this many bytes in all are not stored (the entry would be a copy of weights).
 MAX_CONSTANT_BYTES = 64 << 20
 # Variants kept per key (one per set of shape guards the graph was compiled under).
@@ -325,6 +326,24 @@ def parse_guard(text: str, symbols: dict) -> Any:
     return expr.xreplace({s: symbols[s.name] for s in expr.free_symbols})
 
 
+def _symbols_of(variant: Any, symbols: dict) -> dict:
+    stored = variant.get("symbols") if isinstance(variant, dict) else None
+    return {name: value for name, value in symbols.items() if name in stored} if isinstance(stored, dict) else symbols
+
+
+def backed_hints(env: Any) -> dict:
+    """The ShapeEnv's size symbols with their values in this compile (``backed_var_to_val``
+    from torch 2.13, ``var_to_val`` before)."""
+    hints = getattr(env, "backed_var_to_val", None)
+    return dict(hints if hints is not None else env.var_to_val)
+
+
+def parse_guard(text: str, symbols: dict) -> Any:
+    """A stored guard as a sympy expression over ``symbols`` (name -> the ShapeEnv's Symbol)."""
+    expr = sympy.sympify(text, locals=_sympy_names())
+    return expr.xreplace({s: symbols[s.name] for s in expr.free_symbols})
+
+
 def _shape_env(example_inputs: Sequence[Any]) -> Any:
     for value in example_inputs:
         if isinstance(value, torch.SymInt):
@@ -441,6 +460,7 @@ def _entry(found: Lookup, compiled: CompiledGraph) -> dict:
         "symbols": {name: value for name, value in found.symbols.items()},
         "guards": found.guards,
         "stats": _stats(compiled),
+        "library": _describe_library(compiled),
     }
 
 
@@ -517,6 +537,49 @@ def _kernel(data: dict) -> KernelSource:
         tuple(int(h) for h in data["hints"]), bool(data["int64"]), str(data["language"]))
 
 
+# --- the C++ library inside the entry -------------------------------------------------------------
+# A hit loads the graph's shared library from the bytes its entry keeps (sealed with the rest),
+# written once to a file named by its digest, so that it neither compiles nor needs the C++
+# compiler, nor the C++ library cache. A file at that name whose bytes do not hash to it (cut
+# short, flipped, swapped) is refused with a warning and rewritten from the entry. The CPU's
+# model and flags are kept too: -march=native code from another CPU is not loaded (it would
+# crash, not raise), and the graph's kernels are built again instead.
+
+def _describe_library(compiled: CompiledGraph) -> Optional[dict]:
+    if not compiled.kernels or compiled.kernels[0].language != "cpp":
+        return None
+    from . import cpp_build
+
+    library = getattr(next(iter(compiled.launchers.values())), "library", None)
+    if library is None:
+        return None
+    with open(library.path, "rb") as file:
+        data = file.read()
+    return dict(sha256=disk_cache.digest(data), cpu=cpp_build.cpu_identity(), data=base64.b64encode(data).decode())
+
+
+def _adopt_library(stored: dict, kernels: tuple) -> None:
+    from ..codegen.cpp import translation_unit
+    from . import cpp_build
+
+    if stored["cpu"] != cpp_build.cpu_identity():
+        return  # another CPU's code: the loader builds the kernels for this one
+    unique = {k.name: k for k in kernels}  # (as cpp_launch.load_kernels makes the translation unit)
+    source = translation_unit([k.source for k in unique.values()])
+    expected = str(stored["sha256"])
+    path = os.path.join(disk_cache.cache_directory(), f"cpp_graph_{expected[:48]}.so")
+    if path not in cpp_build.loaded_paths():
+        existing = disk_cache.read_bytes(path)
+        if existing is None or disk_cache.digest(existing) != expected:
+            if existing is not None:
+                disk_cache.warn_bad_entry(path, "its content does not match the digest its compiled-graph entry holds")
+            data = base64.b64decode(stored["data"], validate=True)
+            if disk_cache.digest(data) != expected:
+                raise ValueError("the library's bytes do not match their digest")
+            disk_cache.atomic_write(path, data)
+    cpp_build.adopt(source, path)
+
+
 def _stats(compiled: CompiledGraph) -> dict:
     return dict(externs=len(compiled.kernel_plan.steps) - len(compiled.kernels),
                 lowered=dict(compiled.lowered.lowered_ops), fallbacks=dict(compiled.lowered.fallback_ops),
@@ -529,10 +592,16 @@ def _load(entry: dict, kind: str, run_aten_graph: Callable[[list], Any], timings
     blobs = entry["blobs"]
     namespace = {name: rebuild_object(described, blobs) for name, described in entry["namespace"].items()}
     kernels = tuple(_kernel(k) for k in entry["kernels"])
+    if entry.get("library") is not None:
+        _adopt_library(entry["library"], kernels)
     compiled = runtime.load(kind, None, None, None, kernels, Program(entry["wrapper"], namespace), timings,
                             run_aten_graph=run_aten_graph, precompile=False)
     compiled.cached_stats = dict(entry["stats"])
     return compiled
+
+
+# what the AOT cache (compiler/aot_cache.py) shares with this one
+shape_env, shape_guards, failed_guard = _shape_env, _shape_guards, _failed_guard
 
 
 # what the AOT cache (compiler/aot_cache.py) shares with this one
