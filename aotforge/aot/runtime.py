@@ -292,7 +292,10 @@ def make_training_runtime(
             return tuple(outputs)
 
         @staticmethod
+        @torch._disable_dynamo
         def backward(ctx, *grad_outputs):
+            # (not traced by Dynamo: a torch.compile'd function that calls loss.backward() runs
+            # this under Dynamo's frame hook, which would trace and recompile our own wrappers)
             if mutated_in_backward and torch.is_grad_enabled():
                 _check_backward_mutations_without_create_graph(ctx.mutated_in_backward)
             return backward_once(ctx, *grad_outputs)
