@@ -283,8 +283,9 @@ def _key(name: str, model: Any, example_inputs: Sequence[Any], path_kind: str) -
     inputs = [*params, *example_inputs]
     if any(isinstance(x, (torch.SymFloat, torch.SymBool)) for x in inputs):
         raise graph_cache.Uncacheable("it has a symbolic float or bool input")
-    symbols, _ = graph_cache.shape_guards(inputs)
     _check_no_shared_memory(inputs)
+    inputs = _as_traced(inputs)
+    symbols, _ = graph_cache.shape_guards(inputs)
     parts = {
         **graph_cache.graph_digests(model, frozenset(names)),
         "inputs": disk_cache.digest(json.dumps([names, [graph_cache.input_description(x) for x in inputs]])),
@@ -294,6 +295,20 @@ def _key(name: str, model: Any, example_inputs: Sequence[Any], path_kind: str) -
         "path": path_kind,
     }
     return Lookup(name, disk_cache.digest(json.dumps(parts, sort_keys=True)), parts, inputs, symbols)
+
+
+def _as_traced(inputs: list) -> list:
+    """The inputs as AOT tracing sees them. Dynamo hands over real tensors, and AOT traces
+    their fakes from Dynamo's fake mode, which gives dynamic dimensions their symbols: the key
+    holds those symbols (one entry for every size), not this call's sizes."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    fake_mode = detect_fake_mode(inputs)
+    if fake_mode is None or fake_mode.shape_env is None:
+        return inputs
+    return [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) else x
+            for x in inputs]
 
 
 def _check_no_shared_memory(inputs: Sequence[Any]) -> None:
