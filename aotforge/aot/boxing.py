@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+import torch
 import torch.fx as fx
 
 
@@ -41,8 +42,15 @@ boxed_nop = make_boxed_compiler(nop)
 
 
 def call_compiled(fn: Callable, args: list):
-    """Call a compiled graph boxed or not, as it declares; the result is always a list."""
-    if getattr(fn, "_boxed_call", False):
+    """Call a compiled graph boxed or not, as it declares; the result is always a list.
+
+    Autocast is off inside: a graph traced under autocast already holds its casts, and its
+    regions that autocast was disabled in (a rotary embedding's float32 matmul) must not be
+    cast again when the graph's ATen calls run under the caller's autocast."""
+    if torch._C._is_any_autocast_enabled():
+        with torch._C._DisableAutocast():
+            out = fn(args) if getattr(fn, "_boxed_call", False) else fn(*args)
+    elif getattr(fn, "_boxed_call", False):
         out = fn(args)
     else:
         out = fn(*args)
