@@ -326,24 +326,6 @@ def parse_guard(text: str, symbols: dict) -> Any:
     return expr.xreplace({s: symbols[s.name] for s in expr.free_symbols})
 
 
-def _symbols_of(variant: Any, symbols: dict) -> dict:
-    stored = variant.get("symbols") if isinstance(variant, dict) else None
-    return {name: value for name, value in symbols.items() if name in stored} if isinstance(stored, dict) else symbols
-
-
-def backed_hints(env: Any) -> dict:
-    """The ShapeEnv's size symbols with their values in this compile (``backed_var_to_val``
-    from torch 2.13, ``var_to_val`` before)."""
-    hints = getattr(env, "backed_var_to_val", None)
-    return dict(hints if hints is not None else env.var_to_val)
-
-
-def parse_guard(text: str, symbols: dict) -> Any:
-    """A stored guard as a sympy expression over ``symbols`` (name -> the ShapeEnv's Symbol)."""
-    expr = sympy.sympify(text, locals=_sympy_names())
-    return expr.xreplace({s: symbols[s.name] for s in expr.free_symbols})
-
-
 def _shape_env(example_inputs: Sequence[Any]) -> Any:
     for value in example_inputs:
         if isinstance(value, torch.SymInt):
