@@ -21,8 +21,8 @@ os.environ.setdefault("AOTFORGE_STRICT", "1")
 
 # `python -m pytest -m quick`: a representative subset (about 1-2 min on a CPU), one slice of
 # every pipeline stage plus the tests that new torch releases broke before (fake tensors,
-# functionalization's view replay, export). CI runs it against the newest torch our range
-# admits (.ci/run). Listed here by test id prefix, so that the test files stay as they are.
+# functionalization's view replay, export). CI runs it against the newest and the oldest torch
+# our range admits (.ci/run). Listed here by test id prefix, so that the test files stay as they are.
 QUICK = (
     "tests/test_torch_versions.py",
     "tests/test_packaging.py::test_installed_torch_is_in_the_supported_range",
