@@ -269,10 +269,11 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
                 plain_joint, [list(fake_args), list(tangents)], decompositions=config.decompositions,
                 fake_mode=fake_mode, functionalize=functionalize,
             )
-            if mutated_in_backward:
+            if any(not isinstance(m, int) for m in mutated_in_backward):
                 raise NotImplementedError(
-                    "aotforge: a backward that mutates a tensor-subclass input is not supported; "
-                    "mutate a plain tensor, or clone the input inside the function")
+                    "aotforge: a backward that mutates the gradient it received, where the "
+                    "function has tensor-subclass inputs or outputs, is not supported; return "
+                    "a new gradient (grad * 2) instead of changing it in place (grad.mul_(2))")
     check_graph_constants(joint, grad_enabled=True)
     debug.graph_artifact("graphs", f"{config.name}_joint", joint)
     num_outputs = meta.num_graph_outputs if subclasses is None else subclasses.num_plain_outputs

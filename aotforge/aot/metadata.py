@@ -107,7 +107,7 @@ def collect_metadata(
             )
             graph_outputs = [
                 *(functional_args[i] for i in meta.mutated_input_indices),
-                *(outputs[i] for i in meta.fresh_output_indices),
+                *outputs,
                 *bases,
             ]
             graph_output_fakes = [from_functional(o) for o in graph_outputs]

@@ -198,7 +198,7 @@ def make_inference_runtime(compiled: Callable, meta: ViewAndMutationMeta, fake_a
         # or nothing needed a gradient), even when the call runs in grad mode.
         epilogue.prologue(args)
         with torch.no_grad():
-            graph_outputs = call_compiled(compiled, list(args))
+            graph_outputs = meta.runtime_outputs(call_compiled(compiled, list(args)))
         return epilogue(args, graph_outputs)
 
     run.runtime_parameters = {}  # type: ignore[attr-defined]  (aot/cache.py: what rebuilds it)
@@ -231,13 +231,14 @@ def make_training_runtime(
     in eager.
     """
     epilogue = Epilogue(meta, fake_args, custom_aliases_done=True)
-    num_outputs = meta.num_graph_outputs
     # Outputs of custom autograd.Functions that alias inputs: returning the input's view from
     # forward() makes autograd give it this Function's backward, like the user's Function did.
     num_mutated = len(meta.mutated_input_indices)
     custom_aliases = [(num_mutated + slot, index, replay) for slot, index, replay in custom_alias_slots(meta)]
     custom_needs_bindings = needs_bindings(meta)
-    differentiable = meta.graph_output_requires_grad()
+    # the graph's values of regenerated (aliased) outputs are dropped at once, see runtime_outputs
+    differentiable = meta.runtime_outputs(meta.graph_output_requires_grad())
+    num_runtime_outputs = len(differentiable)
     non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
     tangent_indices = [i for i, d in enumerate(differentiable) if d]
     compiled_backward: list[Optional[Callable]] = [None]
@@ -273,17 +274,17 @@ def make_training_runtime(
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            results = call_compiled(compiled_forward, list(args))
-            outputs = results[:num_outputs]
+            results = meta.runtime_outputs(call_compiled(compiled_forward, list(args)))
+            outputs = results[:num_runtime_outputs]
             if custom_aliases:
                 bindings = symbol_bindings(fake_args, args) if custom_needs_bindings else {}
                 for slot, index, replay in custom_aliases:
                     outputs[slot] = replay.apply(args[index], bindings, patch_requires_grad=False)
-            saved = results[num_outputs : num_outputs + num_saved_tensors]
+            saved = results[num_runtime_outputs : num_runtime_outputs + num_saved_tensors]
             for position in clone_saved:
                 saved[position] = saved[position].clone()
             ctx.save_for_backward(*saved)
-            ctx.symints = results[num_outputs + num_saved_tensors :]
+            ctx.symints = results[num_runtime_outputs + num_saved_tensors :]
             if mutated_in_backward:
                 ctx.mutated_in_backward = [args[i] for i in mutated_inputs]
             ctx.mark_non_differentiable(

@@ -150,7 +150,13 @@ class ViewAndMutationMeta:
     """Everything the runtime needs to reproduce eager's side effects around a functional
     graph. The graph returns, in order::
 
-        (*updated values of mutated inputs, *fresh user outputs, *intermediate bases)
+        (*updated values of mutated inputs, *user outputs, *intermediate bases)
+
+    Every user output is a graph output, aliases too, as in PyTorch's layout (compilers and
+    tools written for it index the graph's outputs by user output). The runtime regenerates
+    an aliased output from its base instead (a real view of the caller's tensor), so it drops
+    the graph's value of it at once (``regenerated_graph_outputs``): from there on it works
+    with ``(*updated inputs, *fresh user outputs, *intermediate bases)``.
     """
 
     input_info: list[InputInfo]
@@ -172,20 +178,35 @@ class ViewAndMutationMeta:
     def num_graph_outputs(self) -> int:
         return (
             len(self.mutated_input_indices)
-            + len(self.fresh_output_indices)
+            + len(self.output_info)
             + self.num_intermediate_bases
         )
 
+    @property
+    def regenerated_graph_outputs(self) -> list[int]:
+        """Positions among the graph's outputs of the user outputs the runtime regenerates
+        from their bases (aliases of inputs or intermediates, inputs returned as they are)."""
+        num_mutated = len(self.mutated_input_indices)
+        return [num_mutated + i for i, o in enumerate(self.output_info) if o.kind is not OutputKind.NOT_ALIAS]
+
     def graph_output_requires_grad(self) -> list[bool]:
-        """Which graph outputs are differentiable (and so get a tangent in the joint)."""
+        """Which graph outputs are differentiable (and so get a tangent in the joint). Aliased
+        outputs never are: their gradient flows through the view regenerated from the base."""
         result = []
         for i in self.mutated_input_indices:
             info = self.input_info[i]
             result.append(info.requires_grad_after and info.mutation_visible_to_autograd)
-        for i in self.fresh_output_indices:
-            result.append(self.output_info[i].requires_grad)
+        for o in self.output_info:
+            result.append(o.kind is OutputKind.NOT_ALIAS and o.requires_grad)
         result.extend(self.intermediate_base_requires_grad)
         return result
+
+    def runtime_outputs(self, graph_outputs: Sequence) -> list:
+        """The graph's outputs without those of regenerated user outputs."""
+        dropped = set(self.regenerated_graph_outputs)
+        if not dropped:
+            return list(graph_outputs)
+        return [o for i, o in enumerate(graph_outputs) if i not in dropped]
 
     def describe(self) -> str:
         lines = ["inputs:"]

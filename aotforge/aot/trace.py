@@ -2,7 +2,7 @@
 
 Two graphs can be traced from one function and its metadata:
 
-* the forward graph (inference): ``primals -> (*updated inputs, *fresh outputs, *bases)``;
+* the forward graph (inference): ``primals -> (*updated inputs, *user outputs, *bases)``;
 * the joint graph (training): ``(primals, tangents) -> (*forward outputs, *gradients)``,
   where the gradients come from ``torch.autograd.grad`` run inside the trace.
 
@@ -32,7 +32,7 @@ from .functional import (
     to_functional,
 )
 from .schemas import OutputKind, ViewAndMutationMeta
-from .subclasses import inner_leaves, is_subclass
+from .subclasses import from_functional as subclass_from_functional, inner_leaves, is_subclass
 from . import source_lines
 from .source_lines import copy_forward_source_to_backward, recording_source_lines
 from .unfunctionalized import BACKWARD, PHASE_KEY
@@ -46,10 +46,11 @@ TRACE_LOCK = threading.RLock()
 def graph_outputs_fn(flat_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
     """``flat_fn`` rewritten to return what the functional graph returns::
 
-        (*updated values of mutated inputs, *fresh user outputs, *intermediate bases)
+        (*updated values of mutated inputs, *user outputs, *intermediate bases)
 
-    Outputs that alias inputs are dropped: the runtime regenerates them from the real inputs.
-    In training, inputs that are mutated and require grad are cloned first, so that
+    Outputs that alias inputs or intermediates are returned too (PyTorch's layout), though the
+    runtime regenerates them from the real inputs and bases. In training, inputs that are
+    mutated and require grad are cloned first, so that
     ``autograd.grad`` differentiates with respect to their values before the mutation.
     """
     clone_before_call = [
@@ -70,7 +71,7 @@ def graph_outputs_fn(flat_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
             bases[base_index] = outputs[output_index]._base
         return [
             *(args[i] for i in meta.mutated_input_indices),
-            *(outputs[i] for i in meta.fresh_output_indices),
+            *outputs,
             *bases,
         ]
 
@@ -119,13 +120,12 @@ def joint_fn(graph_fn: Callable, meta: ViewAndMutationMeta, mutated_in_backward:
             if after is before:
                 continue
             if is_subclass(holder):
-                if any(a is not b for a, b in zip(after, before)):
-                    raise NotImplementedError(
-                        f"aotforge: a backward (of a custom autograd.Function) mutates the "
-                        f"tensor-subclass input {index} ({type(holder).__name__}) in place; that "
-                        "is not supported. Mutate a plain tensor, or clone the input inside the "
-                        "function."
-                    )
+                if all(a is b for a, b in zip(after, before)):
+                    continue
+                # The subclass itself (over functional inner tensors) is the output: its inner
+                # tensors' values at the end of the trace are the ones after the backward.
+                mutated_in_backward.append(index)
+                updated.append(holder)
                 continue
             if (after.shape, after.stride(), after.storage_offset()) != (before.shape, before.stride(), before.storage_offset()):
                 raise NotImplementedError(
@@ -165,9 +165,12 @@ def _tagged_as_backward():
 
 def _current_value(value):
     """The value a FunctionalTensor holds now (a traced plain tensor, which later mutations of
-    the FunctionalTensor do not change); other values as they are."""
+    the FunctionalTensor do not change), for a tensor subclass over FunctionalTensors the
+    subclass over their values now; other values as they are."""
     if isinstance(value, FunctionalTensor):
         return from_functional(value)
+    if is_subclass(value) and any(isinstance(leaf, FunctionalTensor) for leaf in inner_leaves(value)):
+        return subclass_from_functional(value)
     return value
 
 

@@ -1,0 +1,282 @@
+"""Behaviours PyTorch's own AOTAutograd suite (../shared/peer, issue 35) checks, each compared
+with eager here: the graph's output layout (aliased outputs are graph outputs too), outputs
+of multi-output views, a custom Function mutating a subclass input in forward and backward,
+random ops with nested outputs through the C++ path, the source line of a kept mutation, and
+the refusals that carry PyTorch's sentence for the same case."""
+import pytest
+import torch
+from torch.testing._internal.two_tensor import TwoTensor
+
+import aotforge
+from aotforge import aot_function, aot_module_simplified, nop
+from aotforge.aot.export import ExportError, aot_export_joint_simple, aot_export_module
+
+
+def leaf(*shape):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+
+# --- aliased outputs are graph outputs (PyTorch's layout); the runtime regenerates them ----
+
+def _graph_outputs_seen(fn, *args):
+    """Call aot_function(fn) with a forward compiler that records its graph's outputs."""
+    seen = []
+
+    def fw(gm, example_inputs):
+        def run(*a):
+            outs = gm(*a)
+            seen.append(list(outs))
+            return outs
+        return run
+    out = aot_function(fn, fw_compiler=fw, bw_compiler=nop)(*args)
+    return out, seen[0]
+
+
+@pytest.mark.parametrize("case", ["input", "intermediate", "output"])
+def test_aliased_outputs_are_graph_outputs_at_their_user_positions(case):
+    fns = {
+        "input": lambda a: a.view(-1),
+        "intermediate": lambda a: (lambda b: (b.view(-1), b.view(-1)))(a.clone()),
+        "output": lambda a: (lambda b: (b, b.view(-1)))(a.add(10)),
+    }
+    fn = fns[case]
+    x, x_ref = leaf(2, 2), None
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, graph_outputs = _graph_outputs_seen(fn, x)
+    ref = fn(x_ref)
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    for position, (o, r) in enumerate(zip(outs, refs)):
+        # the graph's value at the user's position has the user output's shape ...
+        assert graph_outputs[position].shape == r.shape
+        # ... and the user gets eager's value; an aliased output eager's autograd view node
+        torch.testing.assert_close(o, r)
+        if r._is_view():
+            assert o._is_view() and type(o.grad_fn).__name__ == type(r.grad_fn).__name__
+    if case == "input":
+        assert out._base is x  # a real view of the caller's tensor
+    if case == "output":
+        assert out[0].untyped_storage().data_ptr() == out[1].untyped_storage().data_ptr()
+    sum(o.sum() for o in outs).backward()
+    sum(r.sum() for r in refs).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+# --- outputs of one multi-output view op keep eager's view nodes (README: known limits) ------
+
+def _unbind_input(a):
+    return list(a.unbind(0))
+
+
+def _unbind_intermediate(a):
+    return list(torch.mul(a, 3).unbind(0))
+
+
+@pytest.mark.parametrize("fn", [_unbind_input, _unbind_intermediate])
+def test_multi_output_views_match_eager(fn):
+    # PyTorch's AOTAutograd returns these from its compiled Function (CompiledFunctionBackward);
+    # aotforge regenerates eager's views, whose grad_fn and in-place refusals are eager's.
+    x = leaf(3, 3)
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, ref = aot_function(fn, nop)(x), fn(x_ref)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r)
+        assert type(o.grad_fn).__name__ == type(r.grad_fn).__name__
+    sum(float(i + 1) * o.sum() for i, o in enumerate(out)).backward()
+    sum(float(i + 1) * r.sum() for i, r in enumerate(ref)).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+def test_multi_output_views_with_another_alias_of_an_input_stay_views():
+    def fn(a):
+        return *a.unbind(0), a.view(a.shape)
+
+    x = leaf(3, 3)
+    out = aot_function(fn, nop)(x.clone())
+    for o in out[:3]:  # regenerated as eager's views: autograd refuses in-place changes
+        with pytest.raises(RuntimeError, match="output of a function that returns multiple views"):
+            o.mul_(2)
+
+
+# --- a custom Function that mutates a subclass input in forward and in backward --------------
+
+class _MutatesInForwardAndBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dummy, inplace_tensor):
+        inplace_tensor.add_(1)
+        ctx.inplace_tensor = inplace_tensor
+        return dummy.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        ctx.inplace_tensor.add_(1)
+        return grad_output * 2, None
+
+
+def _mutating_fn(dummy, inplace_tensor):
+    return _MutatesInForwardAndBackward.apply(dummy, inplace_tensor)
+
+
+def _two_tensor_inputs():
+    torch.manual_seed(0)
+    return (TwoTensor(torch.randn(2, requires_grad=True), torch.randn(2, requires_grad=True)),
+            TwoTensor(torch.zeros(2), torch.zeros(2)))
+
+
+@pytest.mark.parametrize("how", ["aot_function", "torch.compile"])
+def test_subclass_input_mutated_in_forward_and_backward_matches_eager(how):
+    dummy, buf = _two_tensor_inputs()
+    y = _mutating_fn(dummy, buf)
+    ref_after_forward = buf.clone().detach()
+    y.sum().backward()
+    ref_after_backward, ref_grad = buf.clone().detach(), dummy.grad
+
+    torch._dynamo.reset()
+    compiled = (aot_function(_mutating_fn, nop) if how == "aot_function"
+                else torch.compile(_mutating_fn, backend="aotforge_eager", fullgraph=True))
+    dummy, buf = _two_tensor_inputs()
+    y = compiled(dummy, buf)
+    torch.testing.assert_close(buf.clone().detach(), ref_after_forward)
+    y.sum().backward()
+    torch.testing.assert_close(buf.clone().detach(), ref_after_backward)
+    torch.testing.assert_close(dummy.grad, ref_grad)
+
+
+# --- random ops whose graph node has nested outputs (run_and_save_rng_state) -----------------
+
+def _rrelu_functional(x):
+    noise = torch.ones_like(x)
+    return torch.ops.aten.rrelu_with_noise_functional(x, noise, 0.2, 0.8, True)
+
+
+def _rrelu_mutation(x):
+    noise = torch.ones_like(x)
+    return torch.ops.aten.rrelu_with_noise(x, noise, 0.2, 0.8, True), noise
+
+
+@pytest.mark.parametrize("fn", [_rrelu_functional, _rrelu_mutation])
+def test_rrelu_with_noise_through_the_compiler_matches_eager(fn):
+    base = -torch.rand(4, 4, dtype=torch.float64) - 0.1
+    torch._dynamo.reset()
+    results = []
+    for run in (fn, torch.compile(fn, backend="aotforge", fullgraph=True)):
+        x = base.clone().requires_grad_(True)
+        torch.manual_seed(7)
+        y, noise = run(x)
+        y.sum().backward()
+        results.append((y.detach(), noise.detach(), x.grad))
+    for actual, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(actual, expected)
+    assert bool((results[1][1] < 1).all())  # the noise was drawn, not left at ones
+
+
+# --- a kept mutation's copy_ carries the line of the op that made it -------------------------
+
+def test_kept_mutation_copy_has_the_mutating_line():
+    def fn(x):
+        x_view = x[0]
+        x_view.mul_(2)
+        return (x + x,)
+
+    traces = []
+
+    def compiler(gm, _):
+        traces.extend(n.meta.get("stack_trace") or "" for n in gm.graph.nodes
+                      if n.target is torch.ops.aten.copy_.default)
+        return gm
+
+    x, x_ref = torch.randn(3, 4), None
+    x_ref = x.clone()
+    out = aot_function(fn, compiler, keep_inference_input_mutations=True)(x)
+    ref = fn(x_ref)
+    torch.testing.assert_close(out[0], ref[0])
+    torch.testing.assert_close(x, x_ref)
+    assert traces and all("x_view.mul_(2)" in t for t in traces)
+
+
+# --- refusals: PyTorch's sentence first, then ours ------------------------------------------
+
+def test_fake_tensor_constant_is_an_assertion_and_a_value_error():
+    fake_mode = torch._subclasses.fake_tensor.FakeTensorMode()
+    fake_x = fake_mode.from_tensor(torch.randn(4))
+    fake_z = fake_mode.from_tensor(torch.randn(4))
+
+    class ClosesOverFake(torch.nn.Module):
+        def forward(self, x):
+            return (x + fake_z,)
+
+    for expected in (AssertionError, ValueError):
+        with pytest.raises(expected, match="Unexpected fake buffer.*FakeTensor constant"):
+            aot_module_simplified(ClosesOverFake(), (fake_x,), nop)
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.randn(2))
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(self.p, *args)
+
+
+def _mutates_x(p, x, y):
+    x.mul_(2)
+    return (x + y,)
+
+
+@pytest.mark.parametrize("what, call, sentence", [
+    ("duplicated inputs", lambda m, i: aot_export_joint_simple(_mutates_x, [m.p, i, i], trace_joint=False),
+     "Encountered duplicated inputs that are mutated in the graph"),
+    ("aliased inputs", lambda m, i: aot_export_joint_simple(_mutates_x, [m.p, i, i.view(-1)], trace_joint=False),
+     "Encountered aliased inputs that are mutated"),
+    ("duplicated module inputs", lambda m, i: aot_export_module(_Holder(_mutates_x), [i, i], trace_joint=False),
+     "Encountered duplicated inputs that are mutated in the graph"),
+    ("metadata mutation", lambda m, i: aot_export_joint_simple(
+        lambda p, x: (x.t_() * 2,), [m.p, torch.randn(2, 4)], trace_joint=False),
+     "Found an input that received a metadata mutation"),
+    ("mutated parameter", lambda m, i: aot_export_joint_simple(
+        lambda p, x: (p.mul_(2) + x,), [m.p, i], trace_joint=False),
+     "aot_export_joint_simple does not support input mutations. ViewAndMutationMeta"),
+    ("mutated parameter, joint", lambda m, i: aot_export_joint_simple(
+        lambda p, x: (p.mul_(2) + x,), [m.p, i], trace_joint=True),
+     "Found a graph input that requires gradients, and received a mutation"),
+    ("pytree input", lambda m, i: aot_export_joint_simple(lambda xs: (xs[0] + xs[1],), [[i, i]], trace_joint=False),
+     "aot_export_joint_simple requires individual inputs not to be pytrees"),
+    ("second output requires grad", lambda m, i: aot_export_module(
+        _Holder(lambda p, x: ((p * x), (p * x).sum())), [i], trace_joint=True, output_loss_index=1),
+     "Found an output of the forward that requires gradients, that was not"),
+])
+def test_export_refusals_start_with_pytorchs_sentence(what, call, sentence):
+    module, inp = _Holder(_mutates_x), torch.randn(2)
+    with pytest.raises(ExportError, match=sentence) as caught:
+        call(module, inp)
+    assert "aot_export" in str(caught.value).split(sentence, 1)[1]  # ours follows
+
+
+def test_merged_aliased_inputs_with_different_bases_match_eager():
+    """PyTorch's AOTAutograd refuses these (test_merge_view_inputs_error_*); aotforge merges
+    inputs by storage, not by ._base, and gives eager's result (README: known limits)."""
+    def fn(a, b):
+        a.mul_(2)
+        return a + b
+
+    def different_bases():
+        x, y = torch.randn(10), torch.randn(10)
+        y.set_(x.untyped_storage(), 0, (10,), (1,))
+        return x, [x[0:5], y[0:5]]
+
+    def mixed_base_states():
+        x, v2 = torch.randn(10), torch.empty(5)
+        v2.set_(x.untyped_storage(), 0, (5,), (1,))
+        return x, [x[0:5], v2]
+
+    for make in (different_bases, mixed_base_states):
+        torch.manual_seed(0)
+        x_ref, args = make()
+        expected = fn(*args)
+        for compiled in (aot_function(fn, nop), torch.compile(fn, backend="aotforge_eager")):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            x, args = make()
+            torch.testing.assert_close(compiled(*args), expected)
+            torch.testing.assert_close(x, x_ref)
