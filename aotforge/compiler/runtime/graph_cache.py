@@ -540,12 +540,12 @@ def _describe_library(compiled: CompiledGraph) -> Optional[dict]:
     return dict(sha256=disk_cache.digest(data), cpu=cpp_build.cpu_identity(), data=base64.b64encode(data).decode())
 
 
-def _adopt_library(stored: dict, kernels: tuple) -> None:
+def _adopt_library(stored: dict, kernels: tuple) -> Any:
     from ..codegen.cpp import translation_unit
     from . import cpp_build
 
     if stored["cpu"] != cpp_build.cpu_identity():
-        return  # another CPU's code: the loader builds the kernels for this one
+        return None  # another CPU's code: the loader builds the kernels for this one
     unique = {k.name: k for k in kernels}  # (as cpp_launch.load_kernels makes the translation unit)
     source = translation_unit([k.source for k in unique.values()])
     expected = str(stored["sha256"])
@@ -559,7 +559,7 @@ def _adopt_library(stored: dict, kernels: tuple) -> None:
             if disk_cache.digest(data) != expected:
                 raise ValueError("the library's bytes do not match their digest")
             disk_cache.atomic_write(path, data)
-    cpp_build.adopt(source, path)
+    return cpp_build.adopt(source, path)
 
 
 def _stats(compiled: CompiledGraph) -> dict:
@@ -574,11 +574,12 @@ def _load(entry: dict, kind: str, run_aten_graph: Callable[[list], Any], timings
     blobs = entry["blobs"]
     namespace = {name: rebuild_object(described, blobs) for name, described in entry["namespace"].items()}
     kernels = tuple(_kernel(k) for k in entry["kernels"])
-    if entry.get("library") is not None:
-        _adopt_library(entry["library"], kernels)
+    # (held until the kernels are loaded: they keep it alive, the adoption table does not)
+    adopted = _adopt_library(entry["library"], kernels) if entry.get("library") is not None else None
     compiled = runtime.load(kind, None, None, None, kernels, Program(entry["wrapper"], namespace), timings,
                             run_aten_graph=run_aten_graph, precompile=False)
     compiled.cached_stats = dict(entry["stats"])
+    del adopted
     return compiled
 
 
