@@ -106,15 +106,28 @@ class Partition:
 
 @dataclasses.dataclass
 class CompiledPart:
-    """The compiler's output for one graph."""
+    """The compiler's output for one graph, held weakly: a record describes a compile, it does
+    not keep the compiled graph (and its loaded C++ libraries) alive after Dynamo dropped it
+    (``del`` and ``torch._dynamo.reset()``; the records of a plain function live on)."""
 
     kind: str
     callable: Any
     seconds: float
 
+    def __post_init__(self) -> None:
+        if _weakable(self.callable):
+            self.callable = weakref.ref(self.callable)
+            self.weak = True
+        else:
+            self.weak = False
+
+    @property
+    def released(self) -> bool:
+        return self.weak and self.callable() is None
+
     @property
     def compiled_graph(self) -> Any:
-        return getattr(self.callable, "compiled_graph", None)
+        return getattr(self.callable() if self.weak else self.callable, "compiled_graph", None)
 
     def kernels(self) -> list[str]:
         described = []
@@ -129,6 +142,8 @@ class CompiledPart:
 
     def __str__(self) -> str:
         graph = self.compiled_graph
+        if self.released:
+            return f"{self.kind}: compiled in {self.seconds:.3f}s (since released: nothing runs it any more)"
         if graph is None:
             return (f"{self.kind}: runs as the FX graph's ATen calls (no kernels generated); "
                     f"compiled in {self.seconds:.3f}s")

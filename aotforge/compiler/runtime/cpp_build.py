@@ -30,13 +30,16 @@ verified, a bad entry warned about once and rebuilt):
 loaded would silently keep running the old code. Each library is therefore loaded once per
 process from its verified final path and remembered by key (``load_library`` of the same source
 returns the same ``Library``, and two threads asking for it at once compile it once); a path
-this process has loaded is never rewritten.
+this process has loaded is never rewritten. A library is unloaded (dlclose) when nothing holds
+its ``Library`` any more (the kernels of the graphs that use it), so that the next load of that
+path reads the file again.
 
 With ``config.cache`` off nothing is read from or written to the cache folder: libraries are
 built in a private temporary folder that is removed at exit.
 """
 from __future__ import annotations
 
+import _ctypes
 import atexit
 import ctypes
 import dataclasses
@@ -50,11 +53,14 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from ... import debug
 from ...config import config
 from . import disk_cache
+
+_dlclose = getattr(_ctypes, "dlclose", None)  # (POSIX; elsewhere libraries stay loaded)
 
 # Bumped when the layout of an entry or the way it is built changes: older entries stop verifying.
 CPP_FORMAT = 1
@@ -85,6 +91,7 @@ class Library:
     path: str
     seconds: float  # compile seconds; 0.0 when loaded from the disk cache
     cached: bool  # loaded from the disk cache
+    command: str = ""  # the compiler's command (for errors)
 
     def function(self, name: str, argtypes: list) -> Any:
         """The exported function ``name`` with ``argtypes`` set and no return value."""
@@ -93,8 +100,11 @@ class Library:
             # one function with different argtypes would share (and overwrite) one object
             function = self.cdll[name]
         except AttributeError:
-            raise AttributeError(f"aotforge: the C++ library {self.path} has no function {name!r} (the generated "
-                                 "source does not define it as extern \"C\")") from None
+            # a compiler that built a library without the source's functions: a broken toolchain,
+            # which costs the graph its kernels (eager's, with a notice) like a failed compile
+            raise CppCompileError(f"aotforge: the C++ library {self.path} has no function {name!r} (if its "
+                                  "source defines it as extern \"C\", the C++ compiler is broken; built with: "
+                                  f"{self.command or 'unknown'})") from None
         function.restype = None
         function.argtypes = list(argtypes)
         return function
@@ -261,7 +271,10 @@ def _key(source: str, probe: _Probe) -> str:
 
 # --- loading ---------------------------------------------------------------------------------
 
-_libraries: dict[str, Library] = {}  # key -> the library this process loaded for it
+# key -> the library this process has loaded for it, while anything holds it (the kernels of a
+# graph do): a library no graph uses is unloaded (``_loaded``), so that a process that compiles
+# many graphs over its life (dynamic shapes, torch._dynamo.reset()) does not keep them all
+_libraries: "weakref.WeakValueDictionary[str, Library]" = weakref.WeakValueDictionary()
 _key_locks: dict[str, threading.Lock] = {}
 _libraries_lock = threading.Lock()
 _private_folder: Optional[str] = None  # where libraries go while config.cache is off
@@ -271,7 +284,9 @@ def load_library(source: str, stem: str) -> Library:
     """Compile the C++ translation unit ``source`` (plain C++17, ``extern "C"`` functions, no torch
     headers) to a shared library, cached on disk, and load it with ctypes. ``stem`` names it in
     notes and errors. Raises CppUnavailable / CppCompileError."""
-    adopted = _adopted.get(disk_cache.digest(source))
+    with _libraries_lock:
+        digest = disk_cache.digest(source)
+        adopted = _unclaimed.pop(digest, None) or _adopted.get(digest)
     if adopted is not None:  # loaded from a compiled-graph entry: no compiler needed
         return adopted
     probe = _probed()
@@ -307,13 +322,15 @@ def _load_or_build(source: str, stem: str, key: str, probe: _Probe) -> Library:
             disk_cache.warn_bad_entry(library_path, f"it does not load: {error}")
         else:
             debug.note("cache", f"{stem}: C++ library hit ({key[:16]})")
-            return Library(cdll, library_path, 0.0, True)
+            return _loaded(cdll, library_path, 0.0, True, shlex.join(probe.command))
     debug.note("cache", f"{stem}: C++ library miss ({why}; {key[:16]})")
     return _build(source, stem, key, probe, folder, store=True)
 
 
 # digest of a translation unit -> its library, loaded from the bytes a compiled-graph entry keeps
-_adopted: dict[str, Library] = {}
+# (weakly, as _libraries; held strongly in _unclaimed from adopt() until load_library hands it out)
+_adopted: "weakref.WeakValueDictionary[str, Library]" = weakref.WeakValueDictionary()
+_unclaimed: dict[str, Library] = {}
 
 
 def adopt(source: str, path: str) -> Library:
@@ -323,7 +340,8 @@ def adopt(source: str, path: str) -> Library:
     with _libraries_lock:
         library = _adopted.get(key)
         if library is None:
-            library = _adopted[key] = Library(ctypes.CDLL(path), path, 0.0, True)
+            library = _adopted[key] = _loaded(ctypes.CDLL(path), path, 0.0, True, "")
+        _unclaimed[key] = library
         return library
 
 
@@ -335,6 +353,16 @@ def loaded_paths() -> set[str]:
 
 def cpu_identity() -> str:
     return _cpu_identity()
+
+
+def _loaded(cdll: ctypes.CDLL, path: str, seconds: float, cached: bool, command: str) -> Library:
+    """The Library of a loaded ``cdll``, which unloads it (dlclose) once nothing holds the
+    Library: ctypes never unloads a library itself. Whoever calls the library's functions
+    holds its Library (cpp_launch.CppKernel does), so no call can outlive the code."""
+    library = Library(cdll, path, seconds, cached, command)
+    if _dlclose is not None:
+        weakref.finalize(library, _dlclose, cdll._handle)  # (the handle only: not the library)
+    return library
 
 
 def _entry_paths(folder: str, key: str) -> tuple[str, str]:
@@ -376,9 +404,13 @@ def _private_directory() -> str:
 def _build(source: str, stem: str, key: str, probe: _Probe, folder: str, store: bool) -> Library:
     """Compile ``source`` into ``folder`` and load it; with ``store``, also write the sidecar that
     makes the library a cache entry."""
-    library_path, sidecar_path = _entry_paths(folder, key)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
+    try:
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
+    except OSError as error:  # an unwritable cache folder costs the cache (one warning), not the kernels
+        folder = disk_cache.unwritable(folder, error)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
     os.close(handle)
+    library_path, sidecar_path = _entry_paths(folder, key)
     try:
         seconds = _compile(list(probe.command), temporary, source, stem, key, folder)
         with open(temporary, "rb") as file:
@@ -401,7 +433,7 @@ def _build(source: str, stem: str, key: str, probe: _Probe, folder: str, store: 
         raise CppCompileError(f"aotforge: the C++ library {library_path} for {stem} was built but does not load "
                               f"({error}); built with: {shlex.join(probe.command)}") from error
     debug.note("cache", f"{stem}: C++ library built in {seconds:.2f} s ({library_path})")
-    return Library(cdll, library_path, seconds, False)
+    return _loaded(cdll, library_path, seconds, False, shlex.join(probe.command))
 
 
 def _compile(command: list[str], output: str, source: str, stem: str, key: str, folder: str) -> float:

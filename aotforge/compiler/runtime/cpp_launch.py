@@ -58,7 +58,7 @@ def load_kernels(kernels: tuple[KernelSource, ...], precompile: bool = True) -> 
         return {}
     unique = {k.name: k for k in kernels}
     library = cpp_build.load_library(translation_unit([k.source for k in unique.values()]), "aot_graph")
-    library.cdll.aot_set_num_threads(ctypes.c_int(torch.get_num_threads()))
+    library.function("aot_set_num_threads", [ctypes.c_int])(torch.get_num_threads())
     detail = library.function("aot_error_detail", [ctypes.POINTER(ctypes.c_int64)])
     functions = {}
     for name, source in unique.items():

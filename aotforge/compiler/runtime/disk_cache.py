@@ -23,6 +23,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from typing import Any, Optional, Sequence
 
 from ... import debug
@@ -90,8 +91,38 @@ def cache_directory(configured: Optional[str] = None) -> str:
     except OSError as error:
         problem = f"it cannot be created: {error}"
     if problem is None:
+        _sweep_once(directory)
         return directory
     return _replace(directory, problem)
+
+
+# A temporary file older than this is left over from a process that died mid-write (killed
+# during a compile); one being written is younger: a compile stops after cpp_build's
+# COMPILE_TIMEOUT_S (300 s), and other writes take milliseconds.
+STALE_TEMPORARY_S = 600.0
+_swept: set[str] = set()
+
+
+def _sweep_once(directory: str) -> None:
+    """Remove the stale ``.tmp-*.part`` files of ``directory``, once per folder and process
+    (nothing else ever would: their names are unique, no entry refers to them)."""
+    with _replacements_lock:
+        if directory in _swept:
+            return
+        _swept.add(directory)
+    try:
+        names = [name for name in os.listdir(directory) if name.startswith(".tmp-") and name.endswith(".part")]
+    except OSError:
+        return
+    oldest = time.time() - STALE_TEMPORARY_S
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_mtime < oldest:
+                os.unlink(path)
+        except OSError:
+            pass  # gone meanwhile (another process swept it), or not ours to remove
 
 
 def _replace(directory: str, problem: str) -> str:
@@ -124,7 +155,16 @@ def private_problem(directory: str) -> Optional[str]:
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return (f"it is writable by other users (mode {stat.S_IMODE(info.st_mode):o}), and files planted there "
                 f"would run as you; `chmod 700 {directory}` makes it usable")
+    if not os.access(directory, os.W_OK | os.X_OK):  # (also false on a read-only file system)
+        return f"it is not writable (mode {stat.S_IMODE(info.st_mode):o}, or a read-only file system)"
     return None
+
+
+def unwritable(directory: str, error: OSError) -> str:
+    """A write into the cache folder ``directory`` failed (a folder that looked writable: a
+    full disk, permissions changed since, access() fooled): the process warns once and uses
+    its private temporary folder from now on. Returns that folder."""
+    return _replace(os.path.abspath(directory), f"it cannot be written: {error}")
 
 
 # --- reading and writing entries ------------------------------------------------------------
@@ -172,7 +212,10 @@ def replace_entry(path: str, data: bytes) -> None:
     try:
         atomic_write(path, data)
     except OSError as error:
-        warn_bad_entry(path, f"cannot be written: {error}")
+        if os.path.isdir(path):
+            warn_bad_entry(path, f"cannot be written: {error}")  # (a folder in the entry's place)
+        else:  # the folder itself: one warning for the process, not one per entry
+            unwritable(os.path.dirname(path), error)
 
 
 def module_path(source: str, stem: str) -> tuple[str, str]:

@@ -128,7 +128,7 @@ def test_builds_loads_and_computes_like_eager(cache):
     sidecar = json.loads((cache / f"cpp_{key}.json").read_text())
     assert sidecar["key"] == key and sidecar["sha256"] == disk_cache.digest((cache / f"cpp_{key}.so").read_bytes())
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
-    with pytest.raises(AttributeError, match="has no function 'sub'"):
+    with pytest.raises(cpp_build.CppCompileError, match="has no function 'sub'"):
         library.function("sub", ARGTYPES)
 
 
