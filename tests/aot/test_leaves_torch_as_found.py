@@ -51,6 +51,9 @@ def _torch_state() -> dict:
         "default dtype": torch.get_default_dtype(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "autocast": torch.is_autocast_enabled("cpu"),
+        "functionalization reapplies views": torch._C._functionalization_reapply_views_tls(),
+        "autograd fallback": getattr(torch._C, "_get_autograd_fallback_mode", lambda: None)(),
+        "saved tensor hooks": getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", lambda _: None)(False),
     }
 
 
