@@ -314,10 +314,8 @@ def _symbols_of(variant: Any, symbols: dict) -> dict:
 
 
 def backed_hints(env: Any) -> dict:
-    """The ShapeEnv's size symbols with their values in this compile (``backed_var_to_val``
-    from torch 2.13, ``var_to_val`` before)."""
-    hints = getattr(env, "backed_var_to_val", None)
-    return dict(hints if hints is not None else env.var_to_val)
+    """The ShapeEnv's size symbols with their values in this compile (a copy)."""
+    return dict(backed_size_hints(env))
 
 
 def parse_guard(text: str, symbols: dict) -> Any:
