@@ -94,9 +94,10 @@ def _layer_stack_trace(node: fx.Node, caller: Optional[tuple]) -> Optional[str]:
         frame, line = caller
         code = linecache.getline(frame.f_code.co_filename, line).strip()
         lines += [f'  File "{frame.f_code.co_filename}", line {line}, in {frame.f_code.co_name}', f"    {code}"]
-    for path, cls in modules.values():
+    for entry in modules.values():
+        path, cls = entry if isinstance(entry, tuple) and len(entry) == 2 else (None, None)
         forward = getattr(getattr(cls, "forward", None), "__code__", None)
-        if forward is None:
+        if forward is None:  # not a (path, module class) pair, or a forward without code
             continue
         # Dynamo's names: L['fn'].0 is the compiled model's child 0, L['self'].net its .net
         name = re.sub(r"^L\['fn'\]", "model", str(path))
