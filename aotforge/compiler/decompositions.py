@@ -44,7 +44,22 @@ def _table() -> dict:
     # CPU benchmark's conv net with the ATen ops themselves (no generated code)
     for overload in aten._native_batch_norm_legit_functional.overloads():
         table.pop(getattr(aten._native_batch_norm_legit_functional, overload), None)
+    # softmax of integers or bools: eager raises for a non-empty tensor and returns an empty one
+    # otherwise, where torch's decomposition builds an invalid graph (an integer -inf, a bool
+    # subtraction); the op stays whole (an ATen call), which does as eager does
+    for op in (aten._softmax.default, aten._log_softmax.default):
+        if op in table:
+            table[op] = _floating_only(table[op])
     return table
+
+
+def _floating_only(decomposition: Callable) -> Callable:
+    @functools.wraps(decomposition)
+    def decompose(x, *args, **kwargs):
+        if not x.dtype.is_floating_point:
+            return NotImplemented  # (the tracer then records the op itself)
+        return decomposition(x, *args, **kwargs)
+    return decompose
 
 
 def select_decomposition_table(extra: dict[Any, Callable] | None = None) -> dict[Any, Callable]:

@@ -145,6 +145,9 @@ class CppPrinter(Printer):
             return f"static_cast<float>(static_cast<_Float16>({value}))"
         return f"static_cast<{CPP_TYPE[dtype]}>({value})"
 
+    def float_to_int(self, value: str, dtype: torch.dtype) -> str:
+        return f"aot_float_to_int<{CPP_TYPE[dtype]}>({value})"  # (eager's x86 result: the prelude)
+
     def index_expr(self, index: str, dtype: torch.dtype, level: int) -> str:
         return f"static_cast<{CPP_TYPE[compute_dtype(dtype)]}>({index})"
 

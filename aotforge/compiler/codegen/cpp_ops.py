@@ -45,7 +45,7 @@ ARITHMETIC: dict[str, Spelling] = {
     "maximum": "aot_maximum({0}, {1})", "minimum": "aot_minimum({0}, {1})",
     "relu": "({0} < 0 ? {T}(0) : {0})",
     "reciprocal": "{T}(1) / {0}",
-    "floordiv": _float_or_int("std::floor({0} / {1})", "aot_floordiv({0}, {1}, &aot_error)"),
+    "floordiv": _float_or_int("aot_floordiv_float({0}, {1})", "aot_floordiv({0}, {1}, &aot_error)"),
     "truncdiv": _float_or_int("std::trunc({0} / {1})", "aot_truncdiv({0}, {1}, &aot_error)"),
     "remainder": _float_or_int("aot_remainder_float({0}, {1})", "aot_remainder_int({0}, {1}, &aot_error)"),
     "fmod": _float_or_int("std::fmod({0}, {1})", "aot_fmod_int({0}, {1}, &aot_error)"),
@@ -81,8 +81,10 @@ PREDICATES: dict[str, Spelling] = {
 
 # reductions (reduction_kinds.py), by their combine instruction: one step of an accumulator,
 # and argmax/argmin's "replaces the best so far"
-ACCUMULATE = {"add": "{a} + {v}", "mul": "{a} * {v}", "maximum": "aot_maximum({a}, {v})",
-              "minimum": "aot_minimum({a}, {v})"}
+# (a masked load of a bool is an int, ``m ? ptr[i] : 0``: cast to the accumulator's type, so that
+# max and min deduce one type)
+ACCUMULATE = {"add": "{a} + {v}", "mul": "{a} * {v}", "maximum": "aot_maximum({a}, aot_as({a}, {v}))",
+              "minimum": "aot_minimum({a}, aot_as({a}, {v}))"}
 BEATS = {"maximum": "aot_beats_for_max", "minimum": "aot_beats_for_min"}
 
 # what every translation unit starts with: the helpers above, half-type conversions, Philox
@@ -92,6 +94,7 @@ PRELUDE = r'''
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #ifdef AOT_MVEC
 // the SIMD variants glibc's libmvec has (x86-64): loops calling these vectorize
@@ -117,6 +120,8 @@ static inline void aot_fail(int* error, int code) { __atomic_store_n(error, code
 static int aot_num_threads = 1;
 extern "C" void aot_set_num_threads(int n) { aot_num_threads = n > 0 ? n : 1; }
 
+// ``v`` in the type of ``a`` (an accumulator, a scalar or an element of a tile's array)
+#define aot_as(a, v) static_cast<std::remove_reference_t<decltype(a)>>(v)
 // max and min propagate NaN as eager does (a > NaN is false, so NaN in b wins too)
 template <typename T> static inline T aot_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T aot_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
@@ -150,6 +155,30 @@ template <typename T> static inline T aot_remainder_int(T a, T b, int* error) {
 template <typename T> static inline T aot_remainder_float(T a, T b) {
     T r = std::fmod(a, b);
     return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+// eager's float floor division (c10's div_floor_floating, Python's rule): -5.0 // inf == -1.0,
+// inf // 2.0 is NaN, where floor(a / b) gives -0.0 and inf
+template <typename T> static inline T aot_floordiv_float(T a, T b) {
+    if (b == 0) return a / b;
+    T mod = std::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+    if (div == 0) return std::copysign(T(0), a / b);
+    T floordiv = std::floor(div);
+    return div - floordiv > T(0.5) ? floordiv + T(1) : floordiv;
+}
+// eager's float-to-integer conversion. C++ leaves NaN and out-of-range values undefined, and a
+// compiler may fold a constant one to anything (a NaN constant became 0); eager's kernels run
+// x86's truncating conversion, to 32 or 64 bits, which gives that width's lowest value (a
+// narrower type keeps the low bits). Spelled out on x86, so that it holds however it compiles.
+template <typename I, typename F> static inline I aot_float_to_int(F v) {
+#if defined(__x86_64__) || defined(__i386__)
+    using W = typename std::conditional<(sizeof(I) > 4), int64_t, int32_t>::type;
+    constexpr F low = F(std::numeric_limits<W>::min());  // -2^31 or -2^63: exact in float
+    return static_cast<I>((v >= low && v < -low) ? static_cast<W>(v) : std::numeric_limits<W>::min());
+#else
+    return static_cast<I>(v);
+#endif
 }
 template <typename T> static inline T aot_pow_int(T base, T exponent) {
     if (exponent < 0) return base == 1 ? T(1) : base == T(-1) ? T((exponent & 1) ? -1 : 1) : T(0);

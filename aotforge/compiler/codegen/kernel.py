@@ -163,6 +163,11 @@ class Printer:
     def epilogue(self) -> list[str]:
         return []
 
+    def float_to_int(self, value: str, dtype: torch.dtype) -> str:
+        """A floating value converted to the integer ``dtype`` (a target whose conversion of NaN
+        and out-of-range values differs from eager's spells it out)."""
+        return self.to_dtype(value, dtype)
+
     def indirect_index(self, value: str, size: str, check: Any) -> str:
         """An index read from a tensor, as a position in a dimension of ``size``; ``check`` is
         the lowering's bounds rule (ops.indirect_indexing). Here: negatives count from the end."""
@@ -296,6 +301,8 @@ class KernelBuilder:
         if dtype == value.dtype and dtype != torch.bool:
             return value
         # to bool: a test against zero; to a half type: rounded through it, held as float32
+        if value.dtype.is_floating_point and not dtype.is_floating_point and dtype != torch.bool:
+            return self._emit(self.p.float_to_int(value.name, dtype), dtype, value.level)
         return self._emit(self.p.to_dtype(value.name, dtype), compute_dtype(dtype), value.level)
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> Var:
