@@ -118,6 +118,10 @@ class CppPrinter(Printer):
             return f"aot_bf16_to_float({load})"
         if dtype == torch.float16:
             return f"static_cast<float>({load})"
+        if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16) and "?" in load:
+            # a masked load ``m ? ptr[i] : 0`` of a type narrower than int is an int: back to its
+            # own type, so that max/min of it and its kind deduce one type
+            return f"static_cast<{CPP_TYPE[dtype]}>({load})"
         return load
 
     def store(self, pointer: str, index: str, value: str, mask: Optional[str]) -> str:

@@ -165,3 +165,18 @@ def test_nan_and_out_of_range_floats_cast_to_integers_as_eager(dtype):
     values = torch.tensor([float("nan"), INF, -INF, 300.0, -300.0, 1e10, -1e10, 3e9, 2.0**63, -2.0**63, 7.9])
     _same_as_eager(lambda t: (t * 1).to(dtype), values)
     _same_as_eager(lambda t: (t * 1).to(dtype), values.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.uint8, torch.int16])
+def test_max_and_min_of_narrow_types_read_through_masks(dtype):
+    """A masked load of a type narrower than int (``m ? ptr[i] : 0``) is an int in C++; max and
+    min of it and a value of its own type did not compile (found by test_cpp_fuzz.py)."""
+    t = torch.randint(0, 100, (6, 70)).to(dtype)
+
+    def fn(a):
+        return (a.unsqueeze(0).expand(2, 6, 70).amax(1), torch.maximum(a, a[:1].expand(6, 70)),
+                torch.minimum(a.flip(0), a), a.amin(0))
+
+    compiled, _ = compile_cpp(fn, t)
+    for have, want in zip(compiled([t]), fn(t)):
+        assert have.dtype == want.dtype and torch.equal(have, want)
