@@ -24,7 +24,8 @@ import torch
 CATEGORIES = ("generated", "library", "copies", "other")
 # Substrings of kernel names, lower case, by category (checked in this order).
 _MARKERS = {
-    "generated": ("aot_pointwise", "aot_persistent", "aot_looped", "aot_reduction", "triton_"),
+    "generated": ("aot_poi_", "aot_per_", "aot_red_", "aot_pointwise", "aot_persistent", "aot_looped",
+                  "aot_reduction", "triton_"),
     "copies": ("memcpy", "memset", "copy_kernel", "direct_copy", "copy_device_to_device", "nchwtonhwc",
                "nhwctonchw", "transpose"),
     "library": ("gemm", "cutlass", "cublas", "xmma", "cudnn", "flash", "fmha", "nvjet", "sm90_", "sm80_",

@@ -24,7 +24,7 @@ import functools
 import hashlib
 import itertools
 import re
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import sympy
 import torch
@@ -436,7 +436,7 @@ class KernelBuilder:
         body += self.p.body(self.top, self.row_loops, shape)
         kind = self.group.kind
         text, symbols = _size_parameters("\n".join(body), self.p)
-        name = f"aot_{kind}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        name = kernel_name(kind, self.group.nodes, hashlib.sha256(text.encode()).hexdigest()[:16])
         arguments = tuple(self.arguments)
         numel, rnumel = _number(self.numel), _number(self.rnumel)
         hints = tuple(self.hint(s) for s in symbols) + (self.hint(numel), self.hint(rnumel))
@@ -444,6 +444,28 @@ class KernelBuilder:
                             pointer_dtypes, numel, rnumel, kind,
                             any(n.mutates is not None for n in self.group.nodes), self.group.reduction_contiguous,
                             symbols, hints, self.int64, self.p.language)
+
+
+# kernel kinds as the prefix of their names (as inductor's triton_poi_/per_/red_, so that a
+# profile reads the same way)
+KIND_PREFIX = {"pointwise": "aot_poi", "persistent": "aot_per", "looped": "aot_red"}
+# ATen ops named in a kernel's name, at most (the rest are in the kernel plan)
+NAMED_OPS = 6
+
+
+def kernel_name(kind: str, nodes: Sequence[Any], digest: str) -> str:
+    """``aot_per_fused_native_layer_norm_gelu_<hash>``: the kernel's kind, the ATen ops it
+    computes (in the order they first appear, at most NAMED_OPS), and a hash of its source, so
+    that a profile reads without a lookup table and identical kernels still share a name."""
+    ops: list[str] = []
+    for node in nodes:
+        for origin in getattr(node, "origins", ()):
+            parts = origin.split(".")  # aten.native_layer_norm.default -> native_layer_norm
+            op = (parts[1] if len(parts) > 1 and parts[0] in ("aten", "prims", "aotforge") else parts[0]).strip("_")
+            if op and op not in ops:
+                ops.append(op)
+    fused = "_fused_" + "_".join(ops[:NAMED_OPS]) if ops else ""
+    return f"{KIND_PREFIX.get(kind, 'aot_' + kind)}{fused}_{digest}"
 
 
 def emit_kernels(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads, printer: Any) -> tuple[KernelSource, ...]:

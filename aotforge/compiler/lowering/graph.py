@@ -98,6 +98,7 @@ class GraphLowering:
             stride = ir.contiguous_strides(size)
         buffer = ComputedBuffer(self.new_buffer_name(), Layout(list(size), stride), value.dtype, value.device,
                                 PointwiseBody.capture(size, value.make_loader()))
+        buffer.origins = getattr(value, "origins", ())
         self.operations.append(buffer)
         return buffer.view()
 
@@ -113,6 +114,7 @@ class GraphLowering:
             return loader([index[position[d]] for d in range(len(size))])
         buffer = ComputedBuffer(self.new_buffer_name(), Layout(permuted, ir.contiguous_strides(permuted)),
                                 value.dtype, value.device, PointwiseBody.capture(permuted, body))
+        buffer.origins = getattr(value, "origins", ())
         self.operations.append(buffer)
         strides = buffer.layout.stride
         return StorageView(buffer, list(size), [strides[position[d]] for d in range(len(size))])
@@ -189,6 +191,7 @@ class GraphLowering:
             try:
                 result = lowering(LoweringContext(node, self), *args, **kwargs)
                 self.lowered_ops[name] = self.lowered_ops.get(name, 0) + 1
+                _record_origins(self.operations[emitted:], result, args, kwargs, name)
                 return self._maybe_realize(node, result)
             except NotLowerable:
                 self._undo(emitted, realized)
@@ -315,6 +318,33 @@ class GraphLowering:
             if isinstance(value, Value):
                 value = self.realize(value, _stride_of(arg.meta.get("val")))
             self.outputs.append(value)
+
+
+def _record_origins(emitted: list, result: Any, args: tuple, kwargs: dict, name: str) -> None:
+    """The ATen ops a value or buffer computes, in order (``native_layer_norm``, ``gelu``, ...):
+    what a kernel that computes it is named after. A lazy value carries the ops of the lazy
+    values it was built from; a read of a stored buffer adds nothing (it is a load)."""
+    origins: list = []
+    for value in _flatten((args, kwargs)):
+        if isinstance(value, Value) and not isinstance(value, StorageView):
+            origins += [o for o in getattr(value, "origins", ()) if o not in origins]
+    if name not in origins:
+        origins.append(name)
+    origins = tuple(origins)
+    for op in emitted:
+        if isinstance(op, ComputedBuffer) and not getattr(op, "origins", ()):
+            op.origins = origins
+    for value in _flatten(result):
+        if isinstance(value, Value) and not isinstance(value, StorageView):
+            value.origins = origins
+
+
+def _flatten(obj: Any) -> list:
+    if isinstance(obj, (list, tuple)):
+        return [leaf for item in obj for leaf in _flatten(item)]
+    if isinstance(obj, dict):
+        return [leaf for item in obj.values() for leaf in _flatten(item)]
+    return [obj]
 
 
 def _kernel_device(gm: fx.GraphModule) -> Optional[str]:
