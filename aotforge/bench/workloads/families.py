@@ -90,7 +90,11 @@ def _hf(config_class: str, model_class: str, mode: str, quick: bool, output: str
         # Its class name may name no known loss; transformers then warns on every call.
         model.loss_type = "ForCausalLM"
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # newer transformers renamed it; the old name warns (FutureWarning) on every model built
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # A model without a loss (CLIP's text tower) is trained through its output.
     return Case(TokenModel(model, output, mask), _tokens(mode if labels else "infer"))
 
