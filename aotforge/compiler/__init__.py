@@ -14,6 +14,8 @@ printable record to the next::
     codegen/wrapper.py   emit_wrapper -> Program: the Python that allocates, launches, calls ATen, frees
     runtime/             load -> CompiledGraph (compiled.py); kernel modules (modules.py), launch,
                          autotune (launch.py)
+    kernel_report.py     kernel_report(compiled) -> KernelReport: bytes, coalescing, pointers,
+                         index width and (sm_90 build) registers of each kernel, no GPU needed
 
 Shared by every stage and target: index expressions (expr.py), dtype rules (dtypes.py), the
 reductions table (reduction_kinds.py).
@@ -22,7 +24,9 @@ reductions table (reduction_kinds.py).
 writes them, numbered in the order they were made.
 """
 from .decompositions import select_decomposition_table
+from .kernel_report import KernelReport, kernel_report
 from .pipeline import compile_fx, compile_fx_inner, observe
 from .runtime.compiled import CompiledGraph
 
-__all__ = ["CompiledGraph", "compile_fx", "compile_fx_inner", "observe", "select_decomposition_table"]
+__all__ = ["CompiledGraph", "KernelReport", "compile_fx", "compile_fx_inner", "kernel_report", "observe",
+           "select_decomposition_table"]

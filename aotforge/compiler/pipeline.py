@@ -35,6 +35,7 @@ from .codegen.kernel import emit_kernels
 from .codegen.cpp import CppPrinter
 from .codegen.triton import TritonPrinter
 from .codegen.wrapper import emit_wrapper
+from .kernel_report import report_of
 from .decompositions import select_decomposition_table
 from .lowering import lower
 from .runtime import compile_pool, compiled as runtime, cudagraphs, graph_cache
@@ -193,6 +194,8 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
     with clock("codegen"):
         kernels = emit_kernels(lowered, plan, reads, printer)  # KernelSource per kernel group
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
+    if debug.dump_dir() or debug.enabled("ir"):  # bytes, coalescing, pointers of each kernel
+        debug.artifact("ir", f"{kind}_kernel_report", str(report_of(kind, lowered, plan, kernels, reads=reads)), ".txt")
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
                             run_aten_graph=_run_fx(gm))
     _log_output_code(compiled)
