@@ -59,6 +59,7 @@ from typing import Any, Optional
 from ... import debug
 from ...config import config
 from . import disk_cache
+from .cpp_probe import COMPILERS  # tried in this order when $CXX is not set
 
 _dlclose = getattr(_ctypes, "dlclose", None)  # (POSIX; elsewhere libraries stay loaded)
 
@@ -70,7 +71,6 @@ FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-er
 # vectorized like their arithmetic (the prelude declares the functions' SIMD variants under
 # AOT_MVEC; eager's kernels use vectorized math too). Used where it links.
 VECTOR_MATH = ["-DAOT_MVEC", "-Wl,--no-as-needed", "-lmvec"]
-COMPILERS = ["c++", "g++", "clang++"]  # tried in this order when $CXX is not set
 COMPILE_TIMEOUT_S = 300.0
 PROBE_TIMEOUT_S = 60.0
 ERROR_LINES = 40  # lines of the compiler's stderr in a CppCompileError

@@ -18,12 +18,12 @@ from typing import Any, Optional
 from ...config import config
 from . import disk_cache, keys
 
+COMPILERS = ["c++", "g++", "clang++"]  # tried in this order when $CXX is not set (cpp_build.py too)
+
 FORMAT = 1
 
 
 def _identity() -> str:
-    from .cpp_build import COMPILERS
-
     chosen = os.environ.get("CXX", "").strip()
     names = shlex.split(chosen)[:1] if chosen else COMPILERS
     compilers = {}
