@@ -359,14 +359,20 @@ class _MutatesASavedBuffer(torch.autograd.Function):
         return grad_output * 2, None
 
 
-def test_backward_that_mutates_a_subclass_input_is_refused():
+def test_backward_that_mutates_a_subclass_input_matches_eager():
+    # refused before issue 35; now supported (tests/aot/test_peer_parity.py has more cases)
     def f(a, buffer):
         return _MutatesASavedBuffer.apply(a, buffer) * 3
 
-    a = torch.ones(3, requires_grad=True)
-    buffer = TwoTensor(torch.ones(3), torch.ones(3))
-    with pytest.raises(NotImplementedError, match="mutates the tensor-subclass input 1"):
-        aot_function(f, nop)(a, buffer)
+    def run(fn):
+        a = torch.ones(3, dtype=torch.float64, requires_grad=True)
+        buffer = TwoTensor(torch.ones(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+        out = fn(a, buffer)
+        after_forward = (buffer.a.clone(), buffer.b.clone())
+        out.sum().backward()
+        return after_forward, (buffer.a, buffer.b), a.grad
+
+    torch.testing.assert_close(run(aot_function(f, nop)), run(f))
 
 
 def test_backward_that_mutates_a_plain_input_matches_eager():

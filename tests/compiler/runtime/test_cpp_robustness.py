@@ -109,6 +109,9 @@ def test_a_compiler_that_builds_libraries_without_the_kernels_falls_back(cache, 
     broken.chmod(0o700)
     monkeypatch.setenv("CXX", str(broken))
     assert cpp_build.compiler_problem() is None
+    # an earlier test's libraries of the same kernels, freed but not yet collected, would be
+    # reused without building anything
+    gc.collect()
     with warnings.catch_warnings(record=True) as caught, config.patch(cpu_codegen=True), observe() as graphs:
         warnings.simplefilter("always")
         _train_and_compare(torch.compile(step, backend="aotforge"))
@@ -135,10 +138,11 @@ def test_a_freed_graph_unloads_its_libraries(cache):
     torch._dynamo.reset()
     gc.collect()
     assert not loaded & _mapped_libraries()
-    # compiled again: loaded again from the cache entries, and correct
+    # compiled again: loaded again from the cache entries (a copy of each library kept in its
+    # entry), and correct
     with config.patch(cpu_codegen=True):
         _train_and_compare(torch.compile(step, backend="aotforge"))
-    assert _mapped_libraries() - before == loaded
+    assert len(_mapped_libraries() - before) == 2
 
 
 def test_stale_temporary_files_are_removed_by_a_later_process(cache):
