@@ -163,6 +163,9 @@ class CppPrinter(Printer):
     def where(self, condition: str, a: str, b: str) -> str:
         return f"(({condition}) ? {a} : {b})"
 
+    def philox_uniform(self, seed: str, counter: str) -> str:
+        return f"aot_philox_uniform({seed}, {counter})"
+
     def instruction(self, name: str, args: list[str], dtype: torch.dtype) -> str:
         if name in PREDICATES:
             return f"({spell(PREDICATES[name], args, dtype)})"

@@ -61,8 +61,6 @@ ARITHMETIC: dict[str, Spelling] = {
     "bitwise_not": lambda args, dtype: f"!{args[0]}" if dtype == torch.bool else f"~{args[0]}",
     "rsqrt": "{T}(1) / std::sqrt({0})", "sigmoid": "{T}(1) / ({T}(1) + std::exp(-{0}))",
     "erfinv": "aot_erfinv({0})",
-    # functionalized RNG (lowering/random.py): Philox4x32-10's first word, as an int64
-    "philox_bits": "aot_philox_bits({0}, {1})",
 }
 for _name in ["exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin", "acos",
               "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma"]:
@@ -227,6 +225,11 @@ static inline int64_t aot_philox_bits(int64_t seed, int64_t counter) {
         k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
     }
     return int64_t(c0);
+}
+// ... as a uniform float in [0, 1): reinterpreted as int32, negatives folded (~x), scaled
+static inline float aot_philox_uniform(int64_t seed, int64_t counter) {
+    int32_t bits = int32_t(uint32_t(aot_philox_bits(seed, counter)));
+    return float(bits < 0 ? ~bits : bits) * 4.6566127342e-10f;
 }
 
 // an index read from a tensor, checked against its dimension's size under the op's rule

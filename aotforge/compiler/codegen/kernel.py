@@ -327,6 +327,9 @@ class KernelBuilder:
         other_var = self.constant(other, result.dtype)
         return self.where(mask, result, other_var)
 
+    def philox_uniform(self, seed: Var, counter: Var) -> Var:
+        return self._emit(self.p.philox_uniform(seed.name, counter.name), torch.float32, max(seed.level, counter.level))
+
     def where(self, condition: Var, a: Var, b: Var) -> Var:
         return self._emit(self.p.where(condition.name, a.name, b.name), a.dtype,
                           max(condition.level, a.level, b.level))

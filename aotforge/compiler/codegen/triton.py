@@ -99,6 +99,11 @@ class TritonPrinter(Printer):
     def where(self, condition: str, a: str, b: str) -> str:
         return f"tl.where({condition}, {a}, {b})"
 
+    def philox_uniform(self, seed: str, counter: str) -> str:
+        # the draw, the int32 fold and the scale in one call, as aotforge/philox.py's reference
+        # (its int64 spelling cost about ten emulated 64-bit operations per element)
+        return f"tl.rand({seed}, {counter})"
+
     def instruction(self, name: str, args: list[str], dtype: torch.dtype) -> str:
         entry = ARITHMETIC[name] if name in ARITHMETIC else PREDICATES[name]
         return f"({spell(entry, args, dtype)})"

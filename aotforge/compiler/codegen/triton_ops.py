@@ -48,9 +48,6 @@ ARITHMETIC: dict[str, Spelling] = {
     "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
     "erf": "tl.erf({0})", "sigmoid": "1 / (1 + tl.exp(-{0}))",
 }
-# functionalized RNG (lowering/random.py): Philox4x32-10's first word for (seed, counter), as an
-# int64 in [0, 2**32)
-ARITHMETIC["philox_bits"] = "tl.randint({0}, {1}).to(tl.int64)"
 for _name in ["expm1", "log10", "log1p", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
               "acosh", "atanh", "erfc", "erfinv", "lgamma"]:
     ARITHMETIC[_name] = f"libdevice.{_name}({{0}})"

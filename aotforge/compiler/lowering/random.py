@@ -3,9 +3,9 @@ generated inside the kernel that uses it, from the seed and the element's counte
 
     philox_rand(seed, offset, size, dtype)[i] = uniform(philox(seed, offset + i))
 
-The kernel computes Triton's ``tl.randint(seed, counter)`` (instruction ``philox_bits``) and
-turns the 32 bits into a float32 in [0, 1) with the same arithmetic as the reference
-implementation, so the generated numbers equal the ATen ones bit for bit. Being a pure function
+The kernel computes the draw and its float32 in [0, 1) in one instruction (``philox_uniform``:
+Triton's ``tl.rand(seed, counter)``, a C++ helper on the CPU) with the same arithmetic as the
+reference implementation, so the generated numbers equal the ATen ones bit for bit. Being a pure function
 of the index, a draw fuses into its users and may be recomputed, like any pointwise op.
 """
 from __future__ import annotations
@@ -21,16 +21,6 @@ from ..ops import ops
 from .registry import LoweringContext, NotLowerable, as_value, register, static_ints
 
 
-def _uniform_from_bits(bits: Any) -> Any:
-    """uint32 held in int64 -> float32 in [0, 1), as ``philox.uint32_to_uniform``."""
-    int64 = torch.int64
-    signed = ops.where(ops.ge(bits, ops.constant(2**31, int64)), ops.sub(bits, ops.constant(2**32, int64)), bits)
-    folded = ops.where(ops.lt(signed, ops.constant(0, int64)),
-                       ops.sub(ops.neg(signed), ops.constant(1, int64)), signed)
-    as_float = ops.to_dtype(folded, torch.float32, int64)
-    return ops.mul(as_float, ops.constant(philox.UNIFORM_SCALE, torch.float32))
-
-
 @register(philox.philox_rand)
 def philox_rand(ctx: LoweringContext, seed: Any, offset: Any, size: Sequence[Any], dtype: torch.dtype) -> Value:
     seed = as_value(seed)
@@ -41,11 +31,17 @@ def philox_rand(ctx: LoweringContext, seed: Any, offset: Any, size: Sequence[Any
     shape = static_ints(size)
     strides = contiguous_strides(shape)
     load_seed = seed.make_loader()
+    # 32-bit counters where every counter fits (the same draws: Philox keys on the value); the
+    # GPU emulates 64-bit integer arithmetic
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    counter_dtype = torch.int32 if 0 <= offset and offset + numel < 2**31 else torch.int64
 
     def fn(index):
         linear = sum((i * s for i, s in zip(index, strides)), sympy.Integer(0))
-        counter = ops.add(ops.index_expr(linear, torch.int64), ops.constant(offset, torch.int64))
-        uniform = _uniform_from_bits(ops.philox_bits(load_seed([]), counter))
+        counter = ops.add(ops.index_expr(linear, counter_dtype), ops.constant(offset, counter_dtype))
+        uniform = ops.philox_uniform(load_seed([]), counter)
         return ops.to_dtype(uniform, dtype, torch.float32) if dtype != torch.float32 else uniform
 
     return Pointwise(shape, dtype, seed.device, fn)
