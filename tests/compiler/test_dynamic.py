@@ -201,7 +201,9 @@ def test_a_compile_failure_with_symbolic_sizes_falls_back_to_aten(monkeypatch, c
 
     monkeypatch.setattr(pipeline, "emit_wrapper", broken)
     torch._dynamo.reset()
-    f = torch.compile(lambda x: torch.tanh(x) + 1, backend="aotforge", dynamic=True, options=OPTIONS)
+    # outside strict mode (the tests' default raises, so that no bug hides behind the fallback)
+    f = torch.compile(lambda x: torch.tanh(x) + 1, backend="aotforge", dynamic=True,
+                      options={**OPTIONS, "strict": False})
     x = torch.randn(7, 3, dtype=torch.double)
     with observe() as graphs, caplog.at_level("WARNING", logger="aotforge"):
         torch.testing.assert_close(f(x), torch.tanh(x) + 1)
