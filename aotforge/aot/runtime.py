@@ -192,13 +192,14 @@ def _check_base_layout(base: torch.Tensor, expected: StridedLayout, bindings: di
 def make_inference_runtime(compiled: Callable, meta: ViewAndMutationMeta, fake_args) -> Callable:
     """``run(args) -> user outputs`` for a forward-only graph."""
     epilogue = Epilogue(meta, fake_args)
+    pick_outputs = meta.runtime_outputs_picker()
 
     def run(args: list) -> list:
         # The graph's outputs carry no autograd history (eager computed them under no_grad,
         # or nothing needed a gradient), even when the call runs in grad mode.
         epilogue.prologue(args)
         with torch.no_grad():
-            graph_outputs = meta.runtime_outputs(call_compiled(compiled, list(args)))
+            graph_outputs = pick_outputs(call_compiled(compiled, list(args)))
         return epilogue(args, graph_outputs)
 
     run.runtime_parameters = {}  # type: ignore[attr-defined]  (aot/cache.py: what rebuilds it)
@@ -236,8 +237,9 @@ def make_training_runtime(
     num_mutated = len(meta.mutated_input_indices)
     custom_aliases = [(num_mutated + slot, index, replay) for slot, index, replay in custom_alias_slots(meta)]
     custom_needs_bindings = needs_bindings(meta)
-    # the graph's values of regenerated (aliased) outputs are dropped at once, see runtime_outputs
-    differentiable = meta.runtime_outputs(meta.graph_output_requires_grad())
+    # the graph's values of regenerated (aliased) outputs are dropped at once (runtime_outputs_picker)
+    pick_outputs = meta.runtime_outputs_picker()
+    differentiable = pick_outputs(meta.graph_output_requires_grad())
     num_runtime_outputs = len(differentiable)
     non_differentiable_indices = [i for i, d in enumerate(differentiable) if not d]
     tangent_indices = [i for i, d in enumerate(differentiable) if d]
@@ -274,7 +276,7 @@ def make_training_runtime(
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            results = meta.runtime_outputs(call_compiled(compiled_forward, list(args)))
+            results = pick_outputs(call_compiled(compiled_forward, list(args)))
             outputs = results[:num_runtime_outputs]
             if custom_aliases:
                 bindings = symbol_bindings(fake_args, args) if custom_needs_bindings else {}

@@ -201,12 +201,13 @@ class ViewAndMutationMeta:
         result.extend(self.intermediate_base_requires_grad)
         return result
 
-    def runtime_outputs(self, graph_outputs: Sequence) -> list:
-        """The graph's outputs without those of regenerated user outputs."""
-        dropped = set(self.regenerated_graph_outputs)
+    def runtime_outputs_picker(self) -> Callable[[Sequence], list]:
+        """``graph outputs -> the graph's outputs without those of regenerated user outputs``,
+        the positions worked out once (the runtime calls it every step)."""
+        dropped = frozenset(self.regenerated_graph_outputs)
         if not dropped:
-            return list(graph_outputs)
-        return [o for i, o in enumerate(graph_outputs) if i not in dropped]
+            return list
+        return lambda graph_outputs: [o for i, o in enumerate(graph_outputs) if i not in dropped]
 
     def describe(self) -> str:
         lines = ["inputs:"]
