@@ -162,6 +162,7 @@ class TritonPrinter(Printer):
 
 def module_prelude(interpret: bool) -> str:
     """What every module of Triton kernels starts with (the helpers kernels call)."""
-    libdevice = ("from aotforge.compiler.runtime.interpret_math import libdevice" if interpret
+    # the interpreter's libdevice, and a range() its loop bounds work with on every Triton
+    libdevice = ("from aotforge.compiler.runtime.interpret_math import libdevice, range" if interpret
                  else "from triton.language.extra import libdevice")
     return f"import triton\nimport triton.language as tl\n{libdevice}\n\n{HELPERS}\n"

@@ -1,5 +1,6 @@
 """``libdevice`` for Triton's interpreter (TRITON_INTERPRET=1), which has no extern math
-library: each function runs the same math through torch on the interpreter's numpy arrays."""
+library: each function runs the same math through torch on the interpreter's numpy arrays.
+Also a ``range`` for the kernels' loops that works on every Triton the project supports."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -66,3 +67,19 @@ class _InterpreterLibdevice:
 
 
 libdevice = _InterpreterLibdevice()
+
+
+_builtin_range = range
+
+
+def range(*bounds: Any) -> Any:  # noqa: A001 (shadows the builtin in interpreted kernel modules)
+    """The builtin ``range`` over interpreter scalars. Triton's interpreter hands an int argument
+    (``rnumel``) to the kernel as a one-element array; Triton 3.6 turns it into an int with
+    ``int(array)``, which NumPy 2.4 refuses for arrays that are not 0-dimensional."""
+    return _builtin_range(*(_scalar(b) for b in bounds))
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, tl.tensor) and value.handle.data.size == 1:
+        return int(value.handle.data.reshape(()))
+    return value
