@@ -22,13 +22,14 @@ from .. import debug, op_table
 from ..config import config as global_config
 from . import cache as aot_cache
 from ..torch_versions import new_fake_mode
+from .boxing import call_compiled
 from .effects import partition_with_effects
 from .guards import check_graph_constants
 from .input_analysis import DedupeInputs, SyntheticBases, alias_groups, apply_post_compile
 from .metadata import collect_metadata
 from .rng import RandomOps
 from .runtime import check_outputs_once, make_inference_runtime, make_training_runtime
-from .schemas import AOTConfig, ViewAndMutationMeta
+from .schemas import AOTConfig, OutputKind, ViewAndMutationMeta
 from .subclasses import TensorSubclasses, check_supported_inputs, is_subclass
 from .unfunctionalized import split_by_phase
 from .trace import TRACE_LOCK, graph_outputs_fn, joint_fn, make_tangents, trace, trace_forward, trace_joint
@@ -300,6 +301,9 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         )
     bw_compiler = _checked(_in_scope(_under_current_patches(config.bw_compiler), debug.current_scope()),
                            "bw_compiler")
+    views_of_outputs = _views_of_outputs_plan(meta, graph_output_fakes) if subclasses is None else []
+    if views_of_outputs:
+        compiled_forward = _with_views_of_outputs(compiled_forward, views_of_outputs)
     if subclasses is not None:
         # The runtime (autograd.Function) and its epilogue work on the caller's subclasses.
         compiled_forward = subclasses.post_compile(compiled_forward, _output_values(forward)[:num_outputs])
@@ -309,7 +313,7 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         with torch.no_grad():
             compiled_backward = bw_compiler(backward, _placeholder_values(backward))
         bw_compiler = lambda gm, example_inputs: compiled_backward  # noqa: E731  already done
-    return make_training_runtime(
+    run = make_training_runtime(
         compiled_forward,
         backward,
         bw_compiler,
@@ -320,6 +324,67 @@ def _compile_training(graph_fn, fake_args, graph_output_fakes, meta, config: AOT
         clone_saved,
         mutated_in_backward,
     )
+    if views_of_outputs:
+        # The AOT cache rebuilds a runtime around the compiled graphs alone, which would lose
+        # the views rebuilt above: say that this runtime cannot be rebuilt (aot/cache.py).
+        run.runtime_parameters = None
+    return run
+
+
+def _views_of_outputs_plan(meta, graph_output_fakes: Sequence) -> list:
+    """(graph position of the view, of its sibling, view size, stride, offset relative to the
+    sibling, sibling size, stride) for each multi-output view the compiled Function returns
+    (OutputInfo.view_of_output, else the view itself) whose layouts are static and whose
+    memory lies within its sibling's, as traced."""
+    num_mutated = len(meta.mutated_input_indices)
+    plan = []
+    for position, info in enumerate(meta.output_info):
+        if info.kind is not OutputKind.NOT_ALIAS or not info.multi_output_view:
+            continue
+        # without a sibling: a view of its own value, so that autograd refuses in-place changes
+        sibling_index = position if info.view_of_output is None else info.view_of_output
+        view, sibling = (graph_output_fakes[num_mutated + i] for i in (position, sibling_index))
+        layouts = [(*t.size(), *t.stride(), t.storage_offset()) for t in (view, sibling)]
+        if not all(isinstance(v, int) for layout in layouts for v in layout):
+            continue  # symbolic sizes: the compiled value stays (PyTorch's behaviour)
+        if (view.dtype, view.is_conj(), view.is_neg()) != (sibling.dtype, sibling.is_conj(), sibling.is_neg()):
+            continue
+        if not _within(view, sibling):
+            continue
+        plan.append((num_mutated + position, num_mutated + sibling_index, tuple(view.size()),
+                     tuple(view.stride()), view.storage_offset() - sibling.storage_offset(),
+                     tuple(sibling.size()), tuple(sibling.stride())))
+    return plan
+
+
+def _span(tensor) -> tuple[int, int]:
+    if tensor.numel() == 0:
+        return tensor.storage_offset(), tensor.storage_offset()
+    last = sum((n - 1) * abs(s) for n, s in zip(tensor.size(), tensor.stride()))
+    return tensor.storage_offset(), tensor.storage_offset() + last
+
+
+def _within(view, sibling) -> bool:
+    (v0, v1), (s0, s1) = _span(view), _span(sibling)
+    return s0 <= v0 and v1 <= s1 and all(s >= 0 for s in (*view.stride(), *sibling.stride()))
+
+
+def _with_views_of_outputs(compiled_forward: Callable, plan: list) -> Callable:
+    """``compiled_forward`` whose outputs in ``plan`` are views of their sibling output, as in
+    eager (a compiler may return them as separate tensors). Runs inside the runtime's
+    autograd.Function forward, which returns both: the view keeps autograd's multi-output
+    rule, and an in-place change of the sibling shows in it."""
+    def run(args: list) -> list:
+        outputs = list(call_compiled(compiled_forward, args))
+        for view_at, sibling_at, size, stride, offset, sibling_size, sibling_stride in plan:
+            sibling = outputs[sibling_at]
+            if tuple(sibling.size()) != sibling_size or tuple(sibling.stride()) != sibling_stride:
+                continue  # the compiler chose another layout: its own value stays
+            outputs[view_at] = sibling.as_strided(size, stride, sibling.storage_offset() + offset)
+        return outputs
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _saved_aliases_of_mutated_inputs(forward: fx.GraphModule, meta, num_outputs: int, num_saved: int) -> list[int]:

@@ -294,6 +294,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
     bases: list[torch.Tensor] = []
     replays: list[Optional[ViewReplay]] = []
     custom: dict[int, int] = {}
+    hidden = _hidden_multi_output_aliases(outputs, storages)
     for position, out in enumerate(outputs):
         replays.append(None)
         if not isinstance(out, torch.Tensor):
@@ -315,6 +316,13 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
             )
             continue
         input_index = storages.get(storage_ref(out))
+        if input_index is not None and position in hidden:
+            # Returned from the compiled autograd.Function (its backward is the graph's), as
+            # the real view of the caller's input that the runtime replays inside forward().
+            custom[position] = input_index
+            replays[-1] = record_view_replay(out, functional_args[input_index])
+            infos.append(OutputInfo(OutputKind.NOT_ALIAS, True, requires_grad))
+            continue
         if input_index is not None:
             replays[-1] = record_view_replay(out, functional_args[input_index])
             infos.append(
@@ -331,6 +339,14 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
         base = out._base if out._is_view() else None
         if base is None:
             infos.append(OutputInfo(OutputKind.NOT_ALIAS, True, requires_grad))
+            continue
+        if position in hidden:
+            # A graph output of the compiled Function; the one ordinary view among them (if
+            # any) leaves the graph as a fresh tensor (hides_alias), so that autograd lets
+            # the user change it in place, as eager does.
+            multi = _is_multi_output_view(out)
+            infos.append(OutputInfo(OutputKind.NOT_ALIAS, True, requires_grad, hides_alias=not multi,
+                                    multi_output_view=multi, view_of_output=hidden[position] if multi else None))
             continue
         user_index = next((i for i, o in enumerate(outputs) if o is base), None)
         if user_index is not None:
@@ -355,6 +371,39 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
             )
         )
     return infos, bases, replays, custom
+
+
+def _hidden_multi_output_aliases(outputs, storages) -> dict[int, Optional[int]]:
+    """Positions (with their ordinary sibling output, if any) of the differentiable outputs
+    that alias each other through one multi-output view op (``unbind``, ``split``, ``chunk``)
+    and that the compiled autograd.Function returns itself, as PyTorch's AOTAutograd does (its "multi-output view" rule), instead of
+    regenerating them as views outside it: one backward node for all of them.
+
+    Safe because autograd forbids in-place changes to such views that could alter another
+    alias's history: an input's storage qualifies when every output on it is such a view; an
+    intermediate's when at most one output on it is not (the base, or one other view).
+    The Function's outputs stay views of the caller's input (replayed inside forward()) or of
+    their ordinary sibling (OutputInfo.view_of_output), and multi-output views keep autograd's
+    refusal of in-place changes."""
+    groups: dict = {}
+    for position, out in enumerate(outputs):
+        if isinstance(out, torch.Tensor) and not is_subclass(out) and not _made_by_custom_function(out):
+            groups.setdefault(storage_ref(out), []).append(position)
+    hidden: dict[int, Optional[int]] = {}
+    for ref, positions in groups.items():
+        multi = [p for p in positions if _is_multi_output_view(outputs[p])]
+        ordinary = [p for p in positions if p not in multi]
+        if not multi or not all(outputs[p].requires_grad for p in positions):
+            continue
+        if ref in storages:  # aliases of an input (the input itself counts as ordinary)
+            if not ordinary:
+                hidden.update(dict.fromkeys(positions))
+        elif len(ordinary) <= 1:
+            views = [p for p in positions if outputs[p]._is_view()]
+            if all(outputs[p]._base.requires_grad for p in views):
+                sibling = ordinary[0] if ordinary else None
+                hidden.update((p, sibling) for p in views)
+    return hidden
 
 
 def _made_by_custom_function(tensor: torch.Tensor) -> bool:

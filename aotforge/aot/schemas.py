@@ -141,8 +141,18 @@ class OutputInfo:
     # The layout the base had at trace time; a compiled base with another layout is an error.
     base_layout: Optional[StridedLayout] = None
     # Made by a multi-output view op (split, unbind, chunk): eager forbids in-place changes
-    # to such views under grad mode, and so must the regenerated view.
+    # to such views under grad mode, and so must the regenerated view (or, for a NOT_ALIAS
+    # output the compiled Function returns, the view of it that the Function returns).
     multi_output_view: bool = False
+    # NOT_ALIAS only: a view of an intermediate that the graph returns as a fresh tensor
+    # (aten._unsafe_view) because aliases of one multi-output view op around it are returned
+    # by the compiled Function itself (metadata._hidden_multi_output_aliases). Trace time only.
+    hides_alias: bool = False
+    # NOT_ALIAS only: a multi-output view that the compiled Function returns itself, whose
+    # storage another user output (this index) shares and may legally change in place later
+    # (the intermediate base, or the one ordinary view of it). Inside the Function's forward it
+    # is rebuilt as a view of that output, so that such a change shows in it, as in eager.
+    view_of_output: Optional[int] = None
 
 
 @dataclasses.dataclass

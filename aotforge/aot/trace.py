@@ -63,9 +63,13 @@ def graph_outputs_fn(flat_fn: Callable, meta: ViewAndMutationMeta) -> Callable:
         if info.kind is OutputKind.ALIAS_OF_INTERMEDIATE and not info.base_is_user_output
     ]
 
+    hides_alias = [index for index, info in enumerate(meta.output_info) if info.hides_alias]
+
     def fn(*args):
         args = [a.clone() if clone else a for a, clone in zip(args, clone_before_call)]
         outputs = list(flat_fn(*args))
+        for index in hides_alias:
+            outputs[index] = torch.ops.aten._unsafe_view(outputs[index], outputs[index].shape)
         bases = [None] * meta.num_intermediate_bases
         for output_index, base_index in base_outputs:
             bases[base_index] = outputs[output_index]._base

@@ -5,6 +5,7 @@ random ops with nested outputs through the C++ path, the source line of a kept m
 the refusals that carry PyTorch's sentence for the same case."""
 import pytest
 import torch
+from torch._C._autograd import CreationMeta, _get_creation_meta
 from torch.testing._internal.two_tensor import TwoTensor
 
 import aotforge
@@ -61,7 +62,7 @@ def test_aliased_outputs_are_graph_outputs_at_their_user_positions(case):
     torch.testing.assert_close(x.grad, x_ref.grad)
 
 
-# --- outputs of one multi-output view op keep eager's view nodes (README: known limits) ------
+# --- outputs of one multi-output view op: returned by the compiled Function, as eager's views --
 
 def _unbind_input(a):
     return list(a.unbind(0))
@@ -71,19 +72,73 @@ def _unbind_intermediate(a):
     return list(torch.mul(a, 3).unbind(0))
 
 
-@pytest.mark.parametrize("fn", [_unbind_input, _unbind_intermediate])
-def test_multi_output_views_match_eager(fn):
-    # PyTorch's AOTAutograd returns these from its compiled Function (CompiledFunctionBackward);
-    # aotforge regenerates eager's views, whose grad_fn and in-place refusals are eager's.
-    x = leaf(3, 3)
+def _split_intermediate(a):
+    return torch.mul(a, 2).split(2)
+
+
+def _unbind_and_base(a):
+    out = torch.mul(a, 3)
+    return *out.unbind(0), out
+
+
+def _unbind_and_view_of_base(a):
+    out = torch.mul(a, 3)
+    return *out.unbind(0), out.view(out.shape)
+
+
+def _compiled(fn, how):
+    torch._dynamo.reset()
+    return aot_function(fn, nop) if how == "nop" else torch.compile(fn, backend="aotforge")
+
+
+_MULTI_OUTPUT_FNS = [_unbind_input, _unbind_intermediate, _split_intermediate, _unbind_and_base,
+                     _unbind_and_view_of_base]
+
+
+@pytest.mark.parametrize("how", ["nop", "aotforge"])
+@pytest.mark.parametrize("fn", _MULTI_OUTPUT_FNS)
+def test_multi_output_views_match_eager(fn, how):
+    # As PyTorch's AOTAutograd: the compiled Function returns them (one backward node for all),
+    # and they stay views, so autograd refuses in-place changes to them as eager does.
+    x = leaf(4, 4)
     x_ref = x.detach().clone().requires_grad_(True)
-    out, ref = aot_function(fn, nop)(x), fn(x_ref)
+    out, ref = _compiled(fn, how)(x.clone()), fn(x_ref.clone())
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r)
-        assert type(o.grad_fn).__name__ == type(r.grad_fn).__name__
+        assert "CompiledFunctionBackward" in str(o.grad_fn)
+    for o, r in zip(out, ref):
+        if r._is_view() and _get_creation_meta(r) == CreationMeta.MULTI_OUTPUT_NODE:
+            for t in (o, r):
+                with pytest.raises(RuntimeError, match="output of a function that returns multiple views"):
+                    t.mul_(1)
     sum(float(i + 1) * o.sum() for i, o in enumerate(out)).backward()
     sum(float(i + 1) * r.sum() for i, r in enumerate(ref)).backward()
     torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+@pytest.mark.parametrize("how", ["nop", "aotforge"])
+@pytest.mark.parametrize("fn", [_unbind_input, _unbind_and_base, _unbind_and_view_of_base])
+def test_multi_output_views_see_a_later_change_of_what_they_alias(fn, how):
+    # eager: changing the input, or the one output that may be changed in place, shows in the
+    # multi-output views (reading them under no_grad), and their grad_fn then refuses
+    x = leaf(3, 3)
+    a, a_ref = x.detach().clone().requires_grad_(True), x.detach().clone().requires_grad_(True)
+    a, a_ref = a.clone(), a_ref.clone()
+    out, ref = _compiled(fn, how)(a), fn(a_ref)
+    if fn is _unbind_input:
+        with torch.no_grad():
+            a.mul_(5)
+            a_ref.mul_(5)
+    else:
+        out[-1].mul_(5)
+        ref[-1].mul_(5)
+    with torch.no_grad():
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r)
+    with pytest.raises(RuntimeError, match="Such functions do not allow the output views"):
+        out[0].grad_fn
+    with pytest.raises(RuntimeError, match="Such functions do not allow the output views"):
+        ref[0].grad_fn
 
 
 def test_multi_output_views_with_another_alias_of_an_input_stay_views():
