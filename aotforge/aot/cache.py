@@ -35,6 +35,11 @@ _INPUT_FLAGS = ("is_tensor", "requires_grad", "requires_grad_after", "mutates_da
                 "mutations_under_no_grad", "mutations_hidden_from_autograd", "mutation_kept_in_graph")
 
 
+# The AOT cache of aot_function's compiles: compiler/aot_cache.py sets it when aotforge's
+# compiler loads; ``function_cache(flat_fn, flat_args, config, is_training, compile)``.
+function_cache: Optional[Callable] = None
+
+
 class NotDescribable(Exception):
     """The compile's runtime needs more than plain data (the reason says what)."""
 

@@ -110,6 +110,9 @@ def compile_flat(
     from_dynamo = detect_fake_mode(flat_args) is not None
     with TRACE_LOCK, debug.ensure_scope(config.name):
         try:
+            if not from_dynamo and aot_cache.function_cache is not None:
+                # aot_function with aotforge's compiler: through the AOT cache (compiler/function_cache.py)
+                return aot_cache.function_cache(flat_fn, flat_args, config, is_training, _compile_flat)
             return _compile_flat(flat_fn, flat_args, config, is_training=is_training)
         except _DATA_DEPENDENT_ERRORS as error:
             if from_dynamo:

@@ -107,20 +107,33 @@ def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
     found = keys.safe_key(name, "AOT compile", lambda: _key(name, model, example_inputs, path_kind))
     if found is None:
         return None, None
+    run = load_entry(found, path_kind, load_graph, on_hit, started)
+    if run is None:
+        return found, None
+    params, _ = lifted_state(model)
+    return found, bind_parameters(run, params, model)
+
+
+def load_entry(found: Lookup, path_kind: str, load_graph: Callable[[str, str, Any, dict], Optional[Callable]],
+               on_hit: Optional[Callable[[Hit], None]], started: Optional[float] = None) -> Optional[Callable]:
+    """The runtime (``run(flat_args) -> outputs``) rebuilt from the entry under ``found``'s key
+    around its compiled graphs, or None (the reason under AOTFORGE_LOG=cache)."""
+    name = found.name
+    started = time.perf_counter() if started is None else started
     path = keys.entry_path("compile", found.key)
     entry = keys.read_entry(path, found.key, FORMAT)
     if entry is None:
         debug.note("cache", f"{name}: AOT miss ({keys.explain_miss('compile', name, found.parts)})")
-        return found, None
+        return None
     variants = entry.get("variants")
     if not isinstance(variants, list) or not variants:
         disk_cache.warn_bad_entry(path, "it holds no compiles")
         debug.note("cache", f"{name}: AOT miss (the entry holds no compiles)")
-        return found, None
+        return None
     failures = [graph_cache.failed_guard(v, found.symbols) for v in variants]
     if None not in failures:
         debug.note("cache", f"{name}: AOT miss (the sizes are outside the entry's guards: {failures[-1]})")
-        return found, None
+        return None
     entry = variants[len(failures) - 1 - failures[::-1].index(None)]  # the newest that holds
     try:
         compiled = {}
@@ -128,52 +141,55 @@ def _lookup(path_kind: str, model: Any, example_inputs: Sequence[Any],
             graph = load_graph(name, kind, stored, found.symbols)
             if graph is None:
                 debug.note("cache", f"{name}: AOT miss (its {kind} graph is not in the compiled-graph cache)")
-                return found, None
+                return None
             compiled[kind] = graph
         run = aot_plan.rebuild(entry["plan"], compiled)
         _assert_guards(found.inputs, entry.get("guards", []))
     except Exception as error:  # noqa: BLE001  an entry we cannot rebuild from: compile instead
         disk_cache.warn_bad_entry(path, f"it cannot be loaded: {type(error).__name__}: {error}")
         debug.note("cache", f"{name}: AOT miss (the entry cannot be loaded)")
-        return found, None
-    params, _ = lifted_state(model)
+        return None
     seconds = time.perf_counter() - started
     debug.note("cache", f"{name}: AOT hit ({found.key[:16]}, {seconds:.3f}s)")
     if on_hit is not None:
         codes = {kind: stored["code"] for kind, stored in entry["graphs"].items()} if path_kind == "fx" else {}
         on_hit(Hit(bool(entry["plan"]["training"]), compiled, codes, seconds))
-    return found, bind_parameters(run, params, model)
+    return run
 
 
-def store(found: Optional[Lookup], compiled: Callable, graphs: dict, aten: Optional[dict] = None) -> None:
+def store(found: Optional[Lookup], compiled: Callable, graphs: dict, aten: Optional[dict] = None) -> bool:
     """Write the entry for a compile made after a miss (``graphs``: by kind, the
     compiled-graph cache keys of its graphs, or its FX graphs as ``fx_graph_entry`` describes
-    them; ``aten``: by kind, the FX graphs handed to the compiler, kept for symbolic sizes)."""
+    them; ``aten``: by kind, the FX graphs handed to the compiler, kept for symbolic sizes).
+    True when it was written."""
     if found is None:
-        return
+        return False
     plan = getattr(compiled, "aot_plan", None)
     if plan is None:
         why = getattr(compiled, "aot_plan_missing", None) or "its runtime is not plain data"
         debug.note("cache", f"{found.name}: AOT compile not stored ({why})")
-        return
+        return False
     needed = ("forward", "backward") if plan["training"] else ("inference",)
     missing = [kind for kind in needed if graphs.get(kind) is None]
     if missing:
         debug.note("cache", f"{found.name}: AOT compile not stored (its {', '.join(missing)} graph is not in the "
                             "compiled-graph cache)")
-        return
+        return False
     try:
         symbols, guards = graph_cache.shape_guards(found.inputs)  # with the guards tracing added
     except graph_cache.Uncacheable as reason:
         debug.note("cache", f"{found.name}: AOT compile not stored ({reason})")
-        return
+        return False
     stored = {kind: graphs[kind] for kind in needed}
-    if symbols and isinstance(stored[needed[0]], str):
+    # compiled-graph keys (a key, or {key, kind} for aot_function's graphs), not FX graphs
+    by_key = isinstance(stored[needed[0]], str) or "kind" in stored[needed[0]]
+    if symbols and by_key:
         if any((aten or {}).get(kind) is None for kind in needed):
             debug.note("cache", f"{found.name}: AOT compile not stored (a graph's ATen code, which runs sizes past "
                                 "32-bit indexing, cannot be stored)")
-            return
-        stored = {kind: dict(key=key, fx=aten[kind]) for kind, key in stored.items()}
+            return False
+        stored = {kind: dict(key=described, fx=aten[kind]) if isinstance(described, str) else dict(described, fx=aten[kind])
+                  for kind, described in stored.items()}
     variant = dict(plan=plan, graphs=stored, symbols=symbols, guards=guards)
     path = keys.entry_path("compile", found.key)
     # one variant per set of guards, the newest last (as the compiled-graph cache keeps them)
@@ -182,6 +198,7 @@ def store(found: Optional[Lookup], compiled: Callable, graphs: dict, aten: Optio
                 and (v.get("symbols"), v.get("guards")) != (symbols, guards)]
     keys.write_entry(path, found.key, FORMAT, {"variants": variants[-(MAX_VARIANTS - 1):] + [variant]})
     keys.remember_parts("compile", found.name, found.parts)
+    return True
 
 
 def _assert_guards(inputs: Sequence[Any], guards: list) -> None:
@@ -342,3 +359,9 @@ def keep_aten_code(found: Optional[Lookup], aten: dict) -> Callable[[str, Callab
             return compiler(gm, example_inputs, **kwargs)
         return keeping
     return keep
+
+
+# aot_function's compiles through this cache (aot/compile.py calls it when aotforge's compiler is loaded)
+from . import function_cache as _function_cache  # noqa: E402  (it reads this module's names when called)
+
+aot_plan.function_cache = _function_cache.compile_function
