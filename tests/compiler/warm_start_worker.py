@@ -2,11 +2,13 @@
 with dropout, run one training step, and print one JSON line: aotforge's seconds to the first
 result, the output and the gradients (as lists), and the cache log.
 
-    python warm_start_worker.py PATH CACHE_DIR   # PATH: compile | dynamic | aot_function
+    python warm_start_worker.py PATH CACHE_DIR   # PATH: compile | dynamic | aot_function |
+                                                 #       function | function_dynamic
 
 "aotforge's seconds": under torch.compile, the seconds spent in the backend and in the first
-calls of what it returned (Dynamo's own tracing is not aotforge's); under aot_module, the
-whole first step (tracing is aotforge's there).
+calls of what it returned (Dynamo's own tracing is not aotforge's); under aot_module
+("aot_function") and aot_function ("function", "function_dynamic": dynamic=True), the whole
+first step (tracing is aotforge's there).
 """
 import io
 import json
@@ -61,6 +63,18 @@ def main() -> None:
             torch.manual_seed(1)
             started = time.perf_counter()
             out = compiled(x)
+            out.pow(2).sum().backward()
+            spent[0] = time.perf_counter() - started
+        elif path.startswith("function"):
+            names = [name for name, _ in model.named_parameters()]
+
+            def step(x, *params):
+                return torch.func.functional_call(model, dict(zip(names, params)), (x,))
+
+            compiled = aotforge.aot_function(step, compile_fx_inner, dynamic=path == "function_dynamic")
+            torch.manual_seed(1)
+            started = time.perf_counter()
+            out = compiled(x, *model.parameters())
             out.pow(2).sum().backward()
             spent[0] = time.perf_counter() - started
         else:
