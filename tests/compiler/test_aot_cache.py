@@ -189,3 +189,18 @@ def test_inspect_shows_what_a_hit_loaded(cache_on, capsys, monkeypatch, triton):
     else:
         assert "torch.ops.aten.mm" in record.graph_code["forward"]
         assert "--- forward graph (its code, from the AOT cache) ---" in str(record)
+
+
+def test_a_tensor_read_from_outside_is_read_at_each_call(cache_on, capsys):
+    """Dynamo passes a tensor the function reads from outside as a graph input: a hit after its
+    value changed is right (compile_and_check compares with eager). (A constant of the graph is
+    keyed by its bytes: runtime/test_graph_cache.py, test_aot_function_cache.py.)"""
+    scale = torch.full((8,), 2.0, dtype=torch.float64)
+
+    def scaled_step(x, w, b):
+        return (x @ w * scale).sum(-1) + b.sum()
+
+    compile_and_check(capsys, fn=scaled_step)
+    assert "AOT hit" in compile_and_check(capsys, fn=scaled_step)
+    scale.fill_(3.0)
+    assert "AOT hit" in compile_and_check(capsys, fn=scaled_step)

@@ -230,3 +230,82 @@ def test_the_options_are_in_the_key(cache_on, capsys):
     args = [torch.randn(4, 4), torch.randn(4).requires_grad_()]
     run(capsys, scaled, args)
     assert "changed: options" in run(capsys, scaled, args, keep_inference_input_mutations=True)[2]
+
+
+# --- one miss per key part; damaged entries --------------------------------------------------------
+
+def change_inputs(args):
+    return [torch.randn(6, 16), args[1]]
+
+
+@pytest.mark.parametrize("part", ["inputs", "mode", "config", "versions"])
+def test_each_key_part_misses_when_changed(cache_on, capsys, monkeypatch, part):
+    """(graph, constants and options: the tests above)"""
+    from aotforge.compiler.runtime import keys
+
+    args = [torch.randn(4, 16), torch.randn(16).requires_grad_()]
+    assert "AOT miss (nothing stored yet" in run(capsys, scaled, args)[2]
+    assert "AOT hit" in run(capsys, scaled, args)[2]
+    if part == "inputs":
+        args = change_inputs(args)
+    elif part == "mode":
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    elif part == "config":
+        monkeypatch.setattr(config, "persistent_reduction_limit", config.persistent_reduction_limit // 2)
+    else:
+        monkeypatch.setattr(keys, "_source_digest", "an edited aotforge")
+    got, grads, message = run(capsys, scaled, args)
+    assert f"AOT miss (changed: {part})" in message, message
+    want, want_grads = eager(scaled, args)
+    same(got, want)
+    same(grads, want_grads)
+
+
+def only(directory, pattern):
+    (path,) = directory.glob(pattern)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bit-flipped", "swapped"])
+def test_a_damaged_entry_is_refused_and_rebuilt(cache_on, capsys, damage):
+    from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
+
+    args = [torch.randn(4, 16), torch.randn(16).requires_grad_()]
+    if damage == "swapped":  # another compile's well-sealed entry under this one's name
+        run(capsys, dropout_step, inputs())
+        other = only(cache_on, "compile_*.json")
+        other_bytes = other.read_bytes()
+        other.unlink()
+    run(capsys, scaled, args)
+    path = only(cache_on, "compile_*.json")
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "bit-flipped":
+        flipped = bytearray(data)
+        flipped[len(flipped) // 2] ^= 0x04
+        path.write_bytes(bytes(flipped))
+    else:
+        path.write_bytes(other_bytes)
+    match = "made for another key" if damage == "swapped" else "does not match its hash|not valid JSON"
+    with pytest.warns(CacheEntryWarning, match=match):
+        got, grads, message = run(capsys, scaled, args)
+    assert "AOT miss" in message, message
+    want, want_grads = eager(scaled, args)
+    same(got, want)
+    same(grads, want_grads)
+    assert "AOT hit" in run(capsys, scaled, args)[2]  # rebuilt
+
+
+def test_a_damaged_sizes_entry_falls_back_to_the_symbolic_key(cache_on, capsys):
+    from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
+
+    args = [torch.randn(8, 16), torch.randn(16).requires_grad_()]
+    run(capsys, scaled, args, dynamic=True)
+    path = only(cache_on, "sizes_*.json")
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.warns(CacheEntryWarning, match="does not match its hash"):
+        got, _, message = run(capsys, scaled, args, dynamic=True)
+    assert "AOT hit" in message, message  # through the symbolic key, which rewrites the sizes entry
+    same(got, eager(scaled, args)[0])
+    run(capsys, scaled, args, dynamic=True)  # no warning: rewritten
