@@ -200,6 +200,7 @@ class _ConvNet(torch.nn.Module):
 @pytest.mark.parametrize("training", [False, True])
 def test_convolution_graphs_run_channels_last_with_eager_output_strides(monkeypatch, training):
     monkeypatch.setattr(library_calls, "CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(library_calls, "CPU_CHANNELS_LAST_DTYPES", (torch.float64,))
     monkeypatch.setattr(library_calls, "MIN_CHANNELS_LAST_CHANNELS", 1)
     torch.manual_seed(0)
     model = _ConvNet().train(training)

@@ -1,0 +1,152 @@
+"""What follows a convolution in an inference graph, moved into the convolution's call.
+
+``fold_channel_affine``: per-output-channel scales and shifts applied to a convolution's
+result (an inference BatchNorm, as its decomposition spells it, or a bias added by hand) are
+folded into the convolution's weight and bias. The scale and shift are computed per channel
+(C values) and the weight multiplied by the scale on every call, from the graph's inputs as
+they are then (nothing is frozen: a parameter changed between calls is read again), so the
+activation is read and written once less and its kernel does not recompute
+``rsqrt(var + eps)`` per element::
+
+    y = convolution(x, w, None, ...)
+    z = (y - mean[:, None, None]) * rsqrt(var + eps)[:, None, None] * gamma[:, None, None] + beta[:, None, None]
+
+becomes, with ``s = rsqrt(var + eps) * gamma`` and ``t = beta - mean * s`` (C values each)::
+
+    z = convolution(x, w * s[:, None, None, None], t, ...)
+
+Not done: ReLU inside oneDNN's call (``mkldnn._convolution_pointwise(..., "relu")``, what
+inductor's CPU path emits). oneDNN's ReLU post-op writes 0 for NaN where eager's ReLU keeps
+NaN, so a NaN in the input would come out as zeros: a silent wrong answer. The ReLU stays a
+generated kernel over the convolution's NHWC output.
+
+Only in inference graphs: a training graph's BatchNorm normalizes by batch statistics
+(not per-channel constants), and its backward needs the convolution's own output.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from .library_calls import _emit, _val
+
+aten = torch.ops.aten
+
+# The per-channel operations folded, and how each updates (scale, shift): y * s + t.
+_AFFINE = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+
+
+def _is_plain_convolution(node: fx.Node) -> bool:
+    """A 2-d, non-transposed ``aten.convolution`` whose operands are tensors of one dtype."""
+    if node.op != "call_function" or node.target is not aten.convolution.default:
+        return False
+    out = _val(node)
+    if not isinstance(out, torch.Tensor) or out.dim() != 4 or not out.is_floating_point() or node.args[6]:
+        return False
+    operands = [_val(a) for a in node.args[:3] if a is not None]
+    return all(isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in operands)
+
+
+def _channel_vector(node: fx.Node, operand: Any, out: torch.Tensor) -> Optional[fx.Node]:
+    """``operand`` as a [C] node when it is a per-output-channel tensor ([C, 1, 1] or
+    [1, C, 1, 1], C the convolution's output channels or 1) of the result's dtype; else None."""
+    value = _val(operand)
+    if not isinstance(operand, fx.Node) or not isinstance(value, torch.Tensor) or value.dtype != out.dtype:
+        return None
+    if value.device != out.device or value.dim() > 4 or value.dim() < 3:
+        return None
+    shape = [1] * (4 - value.dim()) + list(value.shape)
+    channels = out.shape[1]
+    if shape[0] != 1 or shape[2] != 1 or shape[3] != 1 or shape[1] not in (1, channels):
+        return None
+    flat = _emit(node.graph, node, aten.reshape.default, (operand, [shape[1]]))
+    if shape[1] == 1:
+        flat = _emit(node.graph, node, aten.expand.default, (flat, [channels]))
+    return flat
+
+
+def _affine_step(node: fx.Node, current: fx.Node) -> Optional[tuple[Any, fx.Node]]:
+    """(op, [C] operand) when ``node`` applies a per-channel op to ``current`` in a form that
+    folds: ``current op v`` for add/sub/mul/div, ``v op current`` for add and mul."""
+    if node.op != "call_function" or node.target not in _AFFINE or node.kwargs.get("alpha", 1) != 1:
+        return None
+    if len(node.args) > 2 or len(node.args) < 2:
+        return None
+    left, right = node.args
+    out = _val(current)
+    if _val(node) is None or list(_val(node).shape) != list(out.shape) or _val(node).dtype != out.dtype:
+        return None
+    if left is current and right is not current:
+        other = right
+    elif right is current and left is not current and node.target in (aten.add.Tensor, aten.mul.Tensor):
+        other = left
+    else:
+        return None
+    vector = _channel_vector(node, other, out)
+    return None if vector is None else (node.target, vector)
+
+
+def _fold(convolution: fx.Node) -> bool:
+    graph = convolution.graph
+    out = _val(convolution)
+    steps: list[tuple[Any, fx.Node]] = []
+    last = convolution
+    while len(last.users) == 1:
+        user = next(iter(last.users))
+        step = _affine_step(user, last)
+        if step is None:
+            break
+        steps.append(step)
+        last = user
+    if not steps:
+        return False
+    scale: Optional[fx.Node] = None  # y * scale + shift, [C] each; None: 1 and 0
+    shift: Optional[fx.Node] = None
+    where = last
+    for target, vector in steps:
+        if target is aten.mul.Tensor:
+            scale = vector if scale is None else _emit(graph, where, aten.mul.Tensor, (scale, vector))
+        elif target is aten.div.Tensor:
+            scale = (_emit(graph, where, aten.reciprocal.default, (vector,)) if scale is None
+                     else _emit(graph, where, aten.div.Tensor, (scale, vector)))
+        if target in (aten.mul.Tensor, aten.div.Tensor):
+            if shift is not None:
+                shift = _emit(graph, where, target, (shift, vector))
+        elif shift is None:
+            shift = vector if target is aten.add.Tensor else _emit(graph, where, aten.neg.default, (vector,))
+        else:
+            shift = _emit(graph, where, target, (shift, vector))
+    x, weight, bias, *rest = convolution.args
+    if scale is not None:
+        column = _emit(graph, where, aten.reshape.default, (scale, [out.shape[1], 1, 1, 1]))
+        weight = _emit(graph, where, aten.mul.Tensor, (weight, column))
+        if bias is not None:
+            bias = _emit(graph, where, aten.mul.Tensor, (bias, scale))
+    if shift is not None:
+        bias = shift if bias is None else _emit(graph, where, aten.add.Tensor, (bias, shift))
+    folded = _emit(graph, where, aten.convolution.default, (x, weight, bias, *rest))
+    last.replace_all_uses_with(folded)
+    for node in reversed([convolution] + _chain(convolution, last)):
+        graph.erase_node(node)
+    return True
+
+
+def _chain(convolution: fx.Node, last: fx.Node) -> list[fx.Node]:
+    """The nodes from the convolution's reader to ``last``, in order."""
+    chain, node = [], convolution
+    while node is not last:
+        node = next(iter(node.users))
+        chain.append(node)
+    return chain
+
+
+def fold_channel_affine(gm: fx.GraphModule) -> fx.GraphModule:
+    """Per-channel scales and shifts after a convolution -> its weight and bias (see the
+    module's docstring)."""
+    for node in list(gm.graph.nodes):
+        if _is_plain_convolution(node):
+            _fold(node)
+    gm.graph.eliminate_dead_code()
+    return gm
