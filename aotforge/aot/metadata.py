@@ -11,6 +11,7 @@ import torch
 from torch._C._autograd import CreationMeta, _get_creation_meta
 from torch._dispatch.python import enable_python_dispatcher
 
+from .eager_kernels import eager_aliasing_kernels
 from .functional import (
     FunctionalTensorMode,
     below_functionalization,
@@ -70,7 +71,7 @@ def collect_metadata(
     """
     nbytes_before = [_storage_nbytes(a) for a in fake_args]  # before wrapping touches them
     functional_mode = FunctionalTensorMode(_allow_token_discovery=True)
-    with enable_python_dispatcher(), functional_mode:
+    with enable_python_dispatcher(), eager_aliasing_kernels(), functional_mode:
         with below_functionalization():
             functional_args = [to_functional(a) for a in fake_args]
             # Which input does each storage belong to? (aliased inputs were merged before.)

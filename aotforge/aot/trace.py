@@ -23,6 +23,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import effects, rng
+from .eager_kernels import eager_aliasing_kernels
 from .functional import (
     FunctionalTensor,
     FunctionalTensorMode,
@@ -250,7 +251,8 @@ def trace(
     )
     traced_fn = (_functionalized(fn, kept_mutations, len(args), functional_mode) if functionalize
                  else _unfunctionalized(fn, len(args)))
-    with TRACE_LOCK, recording_source_lines(), fake_mode, enable_python_dispatcher(), functional_mode:
+    with TRACE_LOCK, recording_source_lines(), fake_mode, enable_python_dispatcher(), eager_aliasing_kernels(), \
+            functional_mode:
         gm = make_fx(
             traced_fn,
             decomposition_table=rng.trace_decompositions(decompositions),

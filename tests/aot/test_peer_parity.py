@@ -335,3 +335,48 @@ def test_merged_aliased_inputs_with_different_bases_match_eager():
             x, args = make()
             torch.testing.assert_close(compiled(*args), expected)
             torch.testing.assert_close(x, x_ref)
+
+
+# --- dropout that does nothing returns its input, as eager's C++ kernel does -----------------
+
+class _EvalDropoutThenInPlace(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4, dtype=torch.float64)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        y = self.lin(x)
+        h = self.drop(y)  # eval mode: h is y itself in eager
+        h += 1
+        return h + y
+
+
+@pytest.mark.parametrize("backend", ["aotforge_eager", "aotforge"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_eval_dropout_result_changed_in_place_changes_its_input_as_in_eager(backend, grad):
+    # torch/_decomp's Python kernel for aten.dropout (which tracing runs) returns a clone there
+    torch.manual_seed(0)
+    model = _EvalDropoutThenInPlace().eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        expected = model(x)
+        actual = torch.compile(model, backend=backend)(x)
+    torch.testing.assert_close(actual, expected)
+
+
+def test_dropout_that_does_nothing_aliases_a_mutated_input_as_in_eager():
+    def fn(x, p):
+        y = torch.ops.aten.dropout.default(x, p, train=False)
+        y.add_(1)
+        return (y * 2,)
+
+    for p in (0.1, 0.0):
+        x, x_ref = torch.zeros(2, 3), torch.zeros(2, 3)
+        out, ref = aot_function(lambda x: fn(x, p), nop)(x), fn(x_ref, p)
+        torch.testing.assert_close(out[0], ref[0])
+        torch.testing.assert_close(x, x_ref)  # the input changed, as in eager
+    kernels = dict(torch.ops.aten.dropout.default.py_kernels)
+    aot_function(lambda x: fn(x, 0.5), nop)(torch.zeros(2))
+    assert dict(torch.ops.aten.dropout.default.py_kernels) == kernels  # torch's kernels are back
