@@ -96,7 +96,12 @@ def collect_metadata(
                                  resizes.of(index, arg))
                 for index, (f_arg, arg, grad_fn_before) in enumerate(zip(functional_args, fake_args, grad_fns_before))
             ]
-            output_info, bases, view_replays, custom = _output_info(outputs, functional_args, storages)
+            # Inputs the call changes (data, metadata, storage): the epilogue changes them after the
+            # compiled Function, so their aliases are regenerated after it.
+            changed = {index for index, info in enumerate(input_info)
+                       if info.mutates_data or info.mutates_metadata or info.storage_swapped
+                       or info.storage_nbytes_after is not None}
+            output_info, bases, view_replays, custom = _output_info(outputs, functional_args, storages, changed)
             meta = ContractMeta(
                 input_info=input_info,
                 output_info=output_info,
@@ -288,14 +293,14 @@ def _grows_storage(layout: StridedLayout, arg: torch.Tensor) -> bool:
     return isinstance(nbytes, int) and (last + 1) * arg.element_size() > nbytes
 
 
-def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], list, list, dict]:
+def _output_info(outputs, functional_args, storages, changed_inputs=frozenset()) -> tuple[list[OutputInfo], list, list, dict]:
     """Classify each output; return the infos, the intermediate bases the graph must add, for
     each aliased output how to replay its views, and the custom-Function aliases of inputs."""
     infos: list[OutputInfo] = []
     bases: list[torch.Tensor] = []
     replays: list[Optional[ViewReplay]] = []
     custom: dict[int, int] = {}
-    hidden = _hidden_multi_output_aliases(outputs, storages)
+    hidden = _hidden_multi_output_aliases(outputs, storages, changed_inputs)
     for position, out in enumerate(outputs):
         replays.append(None)
         if not isinstance(out, torch.Tensor):
@@ -374,7 +379,7 @@ def _output_info(outputs, functional_args, storages) -> tuple[list[OutputInfo], 
     return infos, bases, replays, custom
 
 
-def _hidden_multi_output_aliases(outputs, storages) -> dict[int, Optional[int]]:
+def _hidden_multi_output_aliases(outputs, storages, changed_inputs=frozenset()) -> dict[int, Optional[int]]:
     """Positions (with their ordinary sibling output, if any) of the differentiable outputs
     that alias each other through one multi-output view op (``unbind``, ``split``, ``chunk``)
     and that the compiled autograd.Function returns itself, as PyTorch's AOTAutograd does (its "multi-output view" rule), instead of
@@ -397,7 +402,9 @@ def _hidden_multi_output_aliases(outputs, storages) -> dict[int, Optional[int]]:
         if not multi or not all(outputs[p].requires_grad for p in positions):
             continue
         if ref in storages:  # aliases of an input (the input itself counts as ordinary)
-            if not ordinary:
+            # (not of an input the call changes: its write-back after the Function would
+            # invalidate views returned by it, where eager made them after the change)
+            if not ordinary and storages[ref] not in changed_inputs:
                 hidden.update(dict.fromkeys(positions))
         elif len(ordinary) <= 1:
             views = [p for p in positions if outputs[p]._is_view()]
