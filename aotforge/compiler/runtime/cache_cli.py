@@ -1,11 +1,13 @@
 """``python -m aotforge cache info|clear``: what the cache folder holds, per kind of entry, and
 removing it. Only aotforge's own entries are counted and removed (by their names), never
-anything else in the folder; Triton's binaries live in Triton's cache (``TRITON_CACHE_DIR``)."""
+anything else in the folder, and Triton's binaries in its ``triton`` subfolder (where aotforge
+points Triton's cache unless TRITON_CACHE_DIR names another folder)."""
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import os
+import shutil
 import tempfile
 
 from ...config import config
@@ -17,10 +19,19 @@ KINDS = {
     "autotune choices": "autotune_*.json",
     "compiled graphs": "graph_*.json",
     "AOT compiles": "compile_*.json",
+    "AOT compiles by sizes": "sizes_*.json",  # a dynamic aot_function compile, named at a call's sizes
     "miss explanations": "index_*.json",
-    "C++ libraries": "cpp_*",  # the library, its sidecar, and a source the compiler rejected
+    "C++ libraries": "cpp_*",  # the library, its sidecar, a source the compiler rejected, the probe
     "unfinished writes": ".tmp-*.part",
 }
+TRITON = "Triton binaries"  # every file under <folder>/triton
+
+
+def _triton_files(directory: str) -> list[str]:
+    root = os.path.join(directory, disk_cache.TRITON_SUBFOLDER)
+    if not os.path.isdir(root) or os.path.islink(root):
+        return []
+    return [os.path.join(folder, name) for folder, _, names in os.walk(root) for name in names]
 
 
 def folder() -> str:
@@ -39,6 +50,7 @@ def entries(directory: str) -> dict[str, list[str]]:
             if fnmatch.fnmatchcase(name, pattern):
                 found[kind].append(path)
                 break
+    found[TRITON] = _triton_files(directory)
     return found
 
 
@@ -77,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     found = entries(directory)
     if arguments.action == "info":
         print(f"cache folder: {directory} (caching {'on' if config.cache else 'off: aotforge.config.cache = False'})")
-        width = max(len(k) for k in KINDS)
+        width = max(len(k) for k in found)
         for kind, paths in found.items():
             print(f"  {kind:<{width}}  {len(paths):6d} entries  {_human(_size(paths)):>10}")
         everything = [p for paths in found.values() for p in paths]
@@ -91,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                 removed += 1
             except FileNotFoundError:
                 pass
+    triton = os.path.join(directory, disk_cache.TRITON_SUBFOLDER)
+    if found[TRITON]:
+        shutil.rmtree(triton, ignore_errors=True)  # (its subfolders too)
     print(f"removed {removed} entries from {directory}")
     return 0
 

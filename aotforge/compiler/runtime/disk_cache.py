@@ -92,8 +92,40 @@ def cache_directory(configured: Optional[str] = None) -> str:
         problem = f"it cannot be created: {error}"
     if problem is None:
         _sweep_once(directory)
+        point_triton_here(directory)
         return directory
     return _replace(directory, problem)
+
+
+# --- Triton's binaries: in a folder of ours ----------------------------------------------------
+# Triton keeps each compiled kernel (cubin, its JSON metadata, the intermediate IRs) in its own
+# cache, ~/.triton/cache unless TRITON_CACHE_DIR says otherwise; a warm process with our
+# entries but not Triton's would compile every kernel again. So, unless the user chose a
+# Triton cache folder, Triton's goes inside ours (``<cache folder>/triton``): one
+# AOTFORGE_CACHE_DIR restores everything, and ``python -m aotforge cache clear`` clears it.
+# Triton reads TRITON_CACHE_DIR at each compile (triton.knobs.cache.dir on Triton >= 3.4,
+# default_cache_dir() before), and the compile pool's workers inherit it.
+
+TRITON_SUBFOLDER = "triton"
+_triton_ours: Optional[str] = None  # the TRITON_CACHE_DIR value this process set
+
+
+def point_triton_here(directory: str) -> Optional[str]:
+    """Point Triton's cache at ``<directory>/triton`` unless TRITON_CACHE_DIR was set by
+    someone else; returns the folder Triton uses now (None: Triton's default)."""
+    global _triton_ours
+    current = os.environ.get("TRITON_CACHE_DIR")
+    if current and current != _triton_ours:
+        return current  # the user's choice
+    wanted = os.path.join(directory, TRITON_SUBFOLDER)  # (Triton makes it, inside our private folder)
+    if current == wanted:
+        return wanted
+    if os.path.lexists(wanted) and (os.path.islink(wanted) or not os.path.isdir(wanted)
+                                    or private_problem(wanted) is not None):
+        return current  # not a folder of ours: Triton's default folder, as before
+    with _replacements_lock:
+        os.environ["TRITON_CACHE_DIR"] = _triton_ours = wanted
+    return wanted
 
 
 # A temporary file older than this is left over from a process that died mid-write (killed
