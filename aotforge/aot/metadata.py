@@ -382,8 +382,9 @@ def _output_info(outputs, functional_args, storages, changed_inputs=frozenset())
 def _hidden_multi_output_aliases(outputs, storages, changed_inputs=frozenset()) -> dict[int, Optional[int]]:
     """Positions (with their ordinary sibling output, if any) of the differentiable outputs
     that alias each other through one multi-output view op (``unbind``, ``split``, ``chunk``)
-    and that the compiled autograd.Function returns itself, as PyTorch's AOTAutograd does (its "multi-output view" rule), instead of
-    regenerating them as views outside it: one backward node for all of them.
+    and that the compiled autograd.Function returns itself, as PyTorch's AOTAutograd does (its
+    "multi-output view" rule), instead of regenerating them as views outside it: one backward
+    node for all of them.
 
     Safe because autograd forbids in-place changes to such views that could alter another
     alias's history: an input's storage qualifies when every output on it is such a view; an
