@@ -244,7 +244,9 @@ def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
 
 def joint_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the joint forward+backward graph, before it is partitioned."""
-    return run_passes(gm, (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination))
+    from .library_calls import channels_last_joint  # (library_calls builds on this module)
+
+    return run_passes(gm, (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination, channels_last_joint))
 
 
 def post_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:

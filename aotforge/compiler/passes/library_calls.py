@@ -49,6 +49,14 @@ PAD_DEVICES: tuple[str, ...] = ("cuda",)
 # realization): without it, measured on an H100 (timm ResNet-50 inference, bf16), generated
 # kernels went from about 3 ms to 30.7 ms per step.
 CHANNELS_LAST_DEVICES: tuple[str, ...] = ("cuda", "cpu")
+# Devices whose training graphs run convolutions in channels-last (the joint graph's pass):
+# none yet; tests add "cpu". Measured on the conv net's training step (one thread, EPYC): its
+# pooling went from 14.2 to 1.1 ms a call and its forward convolutions from 14.8 to 11.7 ms,
+# but the C++ kernel of the first BatchNorm backward's sums over N, H, W of an NHWC buffer of
+# 32 channels walks each channel's row with a stride of 32 (57.6 ms, against 5.5 ms for NCHW
+# rows), so the step was no faster (281 against 289 ms). It pays once that reduction is
+# tiled over the contiguous channels, as the 64-channel one already is (0.5 ms).
+CHANNELS_LAST_TRAINING_DEVICES: tuple[str, ...] = ()
 # On the CPU only the dtypes oneDNN convolves: a float64 convolution runs ATen's own loops,
 # whose NHWC form is no faster. Tests add float64.
 CPU_CHANNELS_LAST_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -225,13 +233,13 @@ def _memory_format(value: torch.Tensor) -> Optional[torch.memory_format]:
     return torch.channels_last if _is_channels_last(value) else None
 
 
-def _convolutions(gm: fx.GraphModule) -> list[fx.Node]:
+def _convolutions(gm: fx.GraphModule, devices: tuple[str, ...]) -> list[fx.Node]:
     """The 2-d convolutions of a static graph on a device whose convolutions prefer NHWC."""
     convolutions = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is aten.convolution.default:
             out = node.meta.get("val")
-            if (not isinstance(out, torch.Tensor) or out.dim() != 4 or out.device.type not in CHANNELS_LAST_DEVICES
+            if (not isinstance(out, torch.Tensor) or out.dim() != 4 or out.device.type not in devices
                     or not all(isinstance(size, int) for size in out.shape)
                     or (out.device.type == "cpu" and out.dtype not in CPU_CHANNELS_LAST_DTYPES)):
                 return []
@@ -254,9 +262,25 @@ def channels_last_convolutions(gm: fx.GraphModule) -> fx.GraphModule:
     where a convolution reads them; every later value keeps the layout of what it was computed
     from (as eager's kernels do), and the graph's outputs are returned in their eager strides.
 
-    Only inference graphs: a training forward's saved tensors would reach the backward, which
-    was traced for eager's strides, in another layout (and be copied back)."""
-    convolutions = _convolutions(gm)
+    Not for a training forward graph: its saved tensors would reach the backward, which was
+    traced for eager's strides, in another layout (and be copied back). Training graphs get
+    the same rewrite on the joint graph instead (``channels_last_joint``), on the CPU."""
+    return _channels_last(gm, CHANNELS_LAST_DEVICES)
+
+
+def channels_last_joint(gm: fx.GraphModule) -> fx.GraphModule:
+    """The joint forward + backward graph of a training step runs its convolutions (and what
+    follows them: BatchNorm, pooling, their backwards, ``convolution_backward``) in
+    channels-last, before it is partitioned: the forward saves NHWC tensors and the backward is
+    typed for them, so nothing is copied between the two. The gradients and forward outputs
+    leave in eager's strides. CPU only (``CHANNELS_LAST_TRAINING_DEVICES``): oneDNN's NHWC
+    convolutions and ATen's NHWC pooling and BatchNorm kernels; not measured on a GPU. Off
+    until the C++ reductions over NHWC rows are fast (see the constant)."""
+    return _channels_last(gm, CHANNELS_LAST_TRAINING_DEVICES)
+
+
+def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModule:
+    convolutions = _convolutions(gm, devices)
     outputs = [a for a in next(n for n in gm.graph.nodes if n.op == "output").args[0]] if convolutions else []
     eager_strides = {node: node.meta["val"].stride() for node in outputs
                      if isinstance(node, fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)}
@@ -272,6 +296,10 @@ def channels_last_convolutions(gm: fx.GraphModule) -> fx.GraphModule:
                 converted[operand] = _emit(gm.graph, convolution, aten.clone.default, (operand,),
                                            {"memory_format": torch.channels_last})
         convolution.args = tuple(converted.get(a, a) if i < 2 else a for i, a in enumerate(convolution.args))
+    for node in gm.graph.nodes:  # a joint graph's backward convolutions read the same NHWC copies
+        if node.op == "call_function" and node.target is aten.convolution_backward.default and converted:
+            original_args[node] = node.args
+            node.args = tuple(converted.get(a, a) if i in (1, 2) else a for i, a in enumerate(node.args))
     if not converted:
         # only a patch embedding's 3-channel convolution (ViT, Swin): nothing changed
         return gm

@@ -243,13 +243,24 @@ def test_max_pooling_indices_keep_the_aten_call(pointwise_pooling):
 # --- training: the passes leave it as eager computes it ---------------------------------------------
 
 
-def test_training_steps_match_eager_buffers_and_gradients():
+@pytest.mark.parametrize("joint_channels_last", [False, True])
+def test_training_steps_match_eager_buffers_and_gradients(monkeypatch, joint_channels_last):
+    if joint_channels_last:
+        monkeypatch.setattr(library_calls, "CHANNELS_LAST_TRAINING_DEVICES", ("cpu",))
     torch.manual_seed(0)
     model = _randomize_batch_norms(ConvBlock(cin=3, width=8)).train()
     reference = _randomize_batch_norms(ConvBlock(cin=3, width=8)).train()
     reference.load_state_dict(model.state_dict())
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="aotforge")
+    with observe() as graphs:
+        compiled(torch.randn(4, 3, 9, 9)).__getitem__(1).sum().backward()
+    convolution_inputs = [step.args[1] for step in _steps(graphs, "backward")
+                          if str(getattr(step, "op", "")) == "aten.convolution_backward.default"]
+    # the backward convolutions read what the forward saved: NHWC only under the joint pass
+    assert len(convolution_inputs) == 2
+    assert (int(convolution_inputs[0].stride[1]) == 1) == joint_channels_last
+    model.zero_grad(), reference.load_state_dict(model.state_dict())
     for step in range(3):
         x = torch.randn(4, 3, 9, 9, generator=torch.Generator().manual_seed(step))
         x_ref = x.clone().requires_grad_()
