@@ -6,7 +6,8 @@
 
 Each runs in its own interpreter with ``torch.compile(backend="aotforge")`` (``--path
 dynamic``: with ``dynamic=True``; ``--path aot_function``: ``aot_module(model,
-compile_fx_inner)``), on the CPU through the Triton interpreter, or on ``--device cuda``
+compile_fx_inner)``; ``--path function`` / ``function_dynamic``: ``aot_function(step,
+compile_fx_inner)`` over the parameters, without and with ``dynamic=True``), on the CPU through the Triton interpreter, or on ``--device cuda``
 (``--dropout`` adds dropout to the model, which issue 33's AOT cache entries now hold).
 The interpreter runs each kernel at its first launch (stages
 ``triton_compile`` and ``first_run``), which has nothing to do with compiling; "first call
@@ -14,7 +15,8 @@ without kernel runs" leaves those out (Dynamo + AOT + compiler + caches). Per st
 seconds each compiled graph's breakdown records, summed over the graphs.
 
     python benchmarks/warm_start.py [--layers 2] [--repeat 1] [--device cpu|cuda]
-                                    [--path compile|dynamic|aot_function] [--dropout 0.1]
+                                    [--path compile|dynamic|aot_function|function|function_dynamic]
+                                    [--dropout 0.1]
 """
 from __future__ import annotations
 
@@ -51,6 +53,17 @@ def child(mode: str, directory: str, layers: int, device: str = "cpu", path: str
     idx = torch.randint(0, 128, (1, 16), device=device)
     if path == "aot_function":
         compiled = aotforge.aot_module(model, compile_fx_inner)
+    elif path.startswith("function"):  # aot_function over the parameters (dynamic=True: function_dynamic)
+        names = [name for name, _ in model.named_parameters()]
+        params = list(model.parameters())
+
+        def step(idx, targets, *values):
+            return torch.func.functional_call(model, dict(zip(names, values)), (idx, targets))
+
+        function = aotforge.aot_function(step, compile_fx_inner, dynamic=path == "function_dynamic")
+        # (the targets as a tensor of their own: inputs that share memory are not AOT-cached)
+        compiled = lambda idx, targets: function(idx, targets.clone() if targets is idx else targets,  # noqa: E731
+                                                 *params)
     else:
         compiled = torch.compile(model, backend="aotforge", dynamic=path == "dynamic")
     with observe() as graphs:
@@ -85,7 +98,8 @@ def main() -> None:
     parser.add_argument("--child", default="")
     parser.add_argument("--dir", default="")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--path", default="compile", choices=["compile", "dynamic", "aot_function"])
+    parser.add_argument("--path", default="compile", choices=["compile", "dynamic", "aot_function", "function",
+                                                                  "function_dynamic"])
     parser.add_argument("--dropout", type=float, default=0.0)
     args = parser.parse_args()
     if args.child:

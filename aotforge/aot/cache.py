@@ -67,8 +67,7 @@ def describe(run: Callable, meta: Any, transforms: Sequence, subclasses: Any, fa
     others = [type(t).__name__ for t in transforms if not isinstance(t, RandomOps)]
     if others:
         raise NotDescribable(f"its inputs are transformed ({', '.join(others)})")
-    if subclasses is not None:
-        raise NotDescribable("it has tensor-subclass inputs or outputs")
+    subclass_plan = None if subclasses is None else _subclasses(subclasses)
     if getattr(meta, "custom_function_aliases", None):
         raise NotDescribable("a custom autograd.Function returns a view of its input")
     parameters = getattr(run, "runtime_parameters", None)
@@ -92,7 +91,8 @@ def describe(run: Callable, meta: Any, transforms: Sequence, subclasses: Any, fa
                 num_intermediate_bases=meta.num_intermediate_bases,
                 intermediate_base_requires_grad=[bool(r) for r in meta.intermediate_base_requires_grad],
                 view_replays=[_replay(r) for r in replays], traced=[_traced(a) for a in fake_args],
-                rng=_rng(random[0]) if random else None, runtime=_plain(dict(parameters)))
+                rng=_rng(random[0]) if random else None, runtime=_plain(dict(parameters)),
+                subclasses=subclass_plan)
 
 
 # --- plain values: JSON with tagged objects ---------------------------------------------------------
@@ -272,12 +272,113 @@ def rebuild(plan: dict, compiled: dict[str, Callable]) -> Callable:
     traced = [_read_traced(t, symbols) for t in plan["traced"]]
     transforms = [] if plan["rng"] is None else [_read_rng(plan["rng"], symbols)]
     parameters = _unplain(plan["runtime"], symbols)
+    subclasses = None if plan.get("subclasses") is None else _read_subclasses(plan["subclasses"])
     if not meta.is_training:
-        run = make_inference_runtime(compiled["inference"], meta, traced)
+        inference = compiled["inference"]
+        if subclasses is not None:  # the graph sees the inner tensors, the runtime the caller's subclasses
+            inference = subclasses.post_compile(inference)
+        run = make_inference_runtime(inference, meta, traced)
     else:
-        backward = compiled["backward"]
+        forward, backward = compiled["forward"], compiled["backward"]
+        if subclasses is not None:
+            forward, backward = subclasses.post_compile(forward), subclasses.post_compile_backward(backward)
         run = make_training_runtime(
-            compiled["forward"], None, lambda gm, example_inputs: backward, meta, traced,
+            forward, None, lambda gm, example_inputs: backward, meta, traced,
             int(parameters["num_saved_tensors"]), int(parameters["num_saved_symints"]),
             [int(i) for i in parameters["clone_saved"]], list(parameters["mutated_in_backward"]))
     return apply_post_compile(run, transforms)
+
+
+# --- tensor subclasses: the layouts TensorSubclasses flattens and rebuilds them by --------------------
+# Only static layouts (every outer and inner size an int), importable classes and flatten
+# contexts that are plain data (TwoTensor's None; not a DTensor's spec). The inner tensors'
+# meaning, the class's __torch_dispatch__, is the class's code: the caches' keys hold a digest
+# of the module that defines it (compiler/runtime/graph_cache.py's input_description).
+
+def _subclasses(subclasses: Any) -> dict:
+    if not subclasses.is_static or not all(_static(layout) for layout in subclasses.input_layouts):
+        raise NotDescribable("it has tensor-subclass inputs or outputs of symbolic size")
+    if subclasses.has_duplicates:
+        raise NotDescribable("a tensor-subclass input holds an inner tensor twice")
+    leaves = []
+    for tangent in subclasses.tangent_leaf_fakes if subclasses.tangent_layouts else []:
+        if not all(isinstance(leaf, torch.Tensor) and all(isinstance(n, int) for n in leaf.shape) for leaf in tangent):
+            raise NotDescribable("a tensor-subclass tangent holds more than tensors of static size")
+        leaves.append([[list(leaf.shape), _plain(leaf.dtype)] for leaf in tangent])
+    return dict(inputs=[_subclass_layout(x) for x in subclasses.input_layouts],
+                outputs=[_subclass_layout(x) for x in subclasses.output_layouts],
+                tangents=[_subclass_layout(x) for x in subclasses.tangent_layouts],
+                grads=[_subclass_layout(x) for x in subclasses.grad_layouts],
+                keep=[int(i) for i in subclasses.keep], tangent_leaves=leaves)
+
+
+def _static(layout: Any) -> bool:
+    return layout is None or not hasattr(layout, "is_static") or layout.is_static
+
+
+def _subclass_layout(layout: Any) -> Any:
+    from .subclasses import ConstantAttribute, SubclassLayout
+
+    if layout is None:
+        return None
+    if isinstance(layout, ConstantAttribute):
+        return {"constant": _plain(layout.value)}
+    if not isinstance(layout, SubclassLayout) or layout.symbolic:
+        raise NotDescribable(f"a tensor-subclass layout {layout!r} that plain data cannot say")
+    cls = layout.cls
+    if "<locals>" in cls.__qualname__ or _class(f"{cls.__module__}:{cls.__qualname__}") is not cls:
+        raise NotDescribable(f"the tensor subclass {cls.__qualname__} cannot be imported by its name")
+    return dict(cls=f"{cls.__module__}:{cls.__qualname__}", context=_plain(layout.context),
+                attributes=[[str(name), _subclass_layout(child)] for name, child in layout.attributes],
+                size=[int(n) for n in layout.size], stride=[int(n) for n in layout.stride],
+                requires_grad=bool(layout.requires_grad))
+
+
+def _class(name: str) -> Any:
+    import importlib
+
+    module, _, qualname = name.partition(":")
+    try:
+        value: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError):
+        return None
+    return value
+
+
+def _read_subclass_layout(value: Any) -> Any:
+    from .subclasses import ConstantAttribute, SubclassLayout
+
+    if value is None:
+        return None
+    if "constant" in value:
+        return ConstantAttribute(_unplain(value["constant"], Symbols()))
+    cls = _class(value["cls"])
+    if not isinstance(cls, type) or not issubclass(cls, torch.Tensor) or not hasattr(cls, "__tensor_unflatten__"):
+        raise ValueError(f"{value['cls']} is not a tensor subclass here")
+    return SubclassLayout(cls, _unplain(value["context"], Symbols()),
+                          tuple((str(name), _read_subclass_layout(child)) for name, child in value["attributes"]),
+                          tuple(int(n) for n in value["size"]), tuple(int(n) for n in value["stride"]),
+                          bool(value["requires_grad"]))
+
+
+def _read_subclasses(value: dict) -> Any:
+    """A TensorSubclasses wrapper with what its post_compile halves read (static layouts)."""
+    from .subclasses import TensorSubclasses, num_leaves
+
+    subclasses = TensorSubclasses.__new__(TensorSubclasses)
+    subclasses.input_layouts = [_read_subclass_layout(x) for x in value["inputs"]]
+    subclasses.output_layouts = [_read_subclass_layout(x) for x in value["outputs"]]
+    subclasses.tangent_layouts = [_read_subclass_layout(x) for x in value["tangents"]]
+    subclasses.grad_layouts = [_read_subclass_layout(x) for x in value["grads"]]
+    subclasses.keep = [int(i) for i in value["keep"]]
+    subclasses.source = list(range(len(subclasses.keep)))
+    subclasses.has_duplicates = False
+    subclasses.plain_fake_args = []  # (read for symbolic sizes only)
+    subclasses.num_plain_outputs = sum(num_leaves(layout) for layout in subclasses.output_layouts)
+    subclasses.is_static = True
+    subclasses.tangent_leaf_fakes = [
+        [torch.empty(shape, dtype=_unplain(dtype, Symbols()), device="meta") for shape, dtype in tangent]
+        for tangent in value["tangent_leaves"]]
+    return subclasses

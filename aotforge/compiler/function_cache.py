@@ -245,6 +245,11 @@ def _pre_trace(flat_fn: Callable, fakes: list, fake_mode: Any) -> fx.GraphModule
 
 
 def _fresh_copy(fake: torch.Tensor) -> torch.Tensor:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
+
+    if type(fake) is not torch.Tensor and not graph_cache._is_fake(fake) and is_traceable_wrapper_subclass(fake):
+        copy = transform_subclass(fake, lambda name, inner: _fresh_copy(inner).detach())
+        return copy.requires_grad_(fake.requires_grad) if fake.requires_grad else copy
     copy = torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=fake.device)
     if fake.storage_offset() != 0:
         base = torch.empty_strided((graph_cache._span(fake) + fake.storage_offset(),), (1,), dtype=fake.dtype,

@@ -1,5 +1,5 @@
 """The AOT cache for the kinds of compile issue 33 added: functionalized RNG (dropout), symbolic
-sizes, outputs that alias inputs, and (not yet cached) tensor subclasses. In this process:
+sizes, outputs that alias inputs, and tensor subclasses (static layouts). In this process:
 Dynamo's cache is reset between compiles, so each compile reaches the AOT cache as a restarted
 process would. A hit must match the cold run (values, gradients, dropout masks) and eager.
 Then two processes: the second one's aotforge time to its first result is at most half the
@@ -145,18 +145,65 @@ def test_aliased_outputs_hit_and_are_views_of_the_input(cache_on, capsys):
     assert torch.equal(x, torch.zeros(4, 4))
 
 
-def test_subclass_compiles_say_why_they_are_not_stored(cache_on, capsys):
+def double_and_mix(x, w):
+    return (x * 2).sin() * w
+
+
+def twotensor_inputs():
     from torch.testing._internal.two_tensor import TwoTensor
 
-    def double(x):
-        return x * 2
+    generator = torch.Generator().manual_seed(0)
+    x = TwoTensor(torch.randn(4, 3, generator=generator), torch.randn(4, 3, generator=generator)).requires_grad_()
+    return [x, torch.randn(3, generator=generator)]
 
-    a = TwoTensor(torch.randn(4), torch.randn(4)).requires_grad_()
+
+def subclass_run(capsys, fn, args):
     torch._dynamo.reset()
+    forget_loaded_modules()
     capsys.readouterr()
-    torch.compile(double, backend="aotforge")(a).sum().backward()
-    err = capsys.readouterr().err
-    assert "not stored (it has tensor-subclass inputs or outputs)" in err, err
+    args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    out = torch.compile(fn, backend="aotforge")(*args)
+    out.sum().backward()
+    lines = [line for line in capsys.readouterr().err.splitlines() if ":aot: " in line]
+    return out, args[0].grad, " / ".join(lines)
+
+
+def test_subclass_inputs_hit_and_match_the_cold_run_and_eager(cache_on, capsys):
+    """A wrapper subclass with __torch_dispatch__ (TwoTensor) in and out: the entry keeps its
+    layout (class, flatten context, inner attributes), and a hit rebuilds the subclass
+    wrapper around the plain graphs."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    cold, cold_grad, message = subclass_run(capsys, double_and_mix, twotensor_inputs())
+    assert "AOT miss" in message and "not stored" not in message, message
+    warm, warm_grad, message = subclass_run(capsys, double_and_mix, twotensor_inputs())
+    assert "AOT hit" in message, message
+    args = twotensor_inputs()
+    want = double_and_mix(*args)
+    want.sum().backward()
+    for got in (warm, cold):
+        assert type(got) is TwoTensor
+        torch.testing.assert_close(got.a, want.a)
+        torch.testing.assert_close(got.b, want.b)
+    assert type(warm_grad) is TwoTensor
+    torch.testing.assert_close(warm_grad.a, args[0].grad.a)
+    torch.testing.assert_close(warm_grad.b, cold_grad.b)
+    with torch.no_grad():  # inference: its own entry, hit too
+        for expected in ("AOT miss", "AOT hit"):
+            torch._dynamo.reset()
+            forget_loaded_modules()
+            capsys.readouterr()
+            got = torch.compile(double_and_mix, backend="aotforge")(*twotensor_inputs())
+            assert expected in capsys.readouterr().err
+            torch.testing.assert_close(got.a, double_and_mix(*twotensor_inputs()).a)
+
+
+def test_a_plain_input_where_a_subclass_was_misses(cache_on, capsys):
+    subclass_run(capsys, double_and_mix, twotensor_inputs())
+    x, w = twotensor_inputs()
+    plain = [x.a.detach().clone().requires_grad_(), w]
+    message = subclass_run(capsys, double_and_mix, plain)[2]
+    assert "AOT hit" not in message, message
 
 
 # --- two processes --------------------------------------------------------------------------------

@@ -309,3 +309,28 @@ def test_a_damaged_sizes_entry_falls_back_to_the_symbolic_key(cache_on, capsys):
     assert "AOT hit" in message, message  # through the symbolic key, which rewrites the sizes entry
     same(got, eager(scaled, args)[0])
     run(capsys, scaled, args, dynamic=True)  # no warning: rewritten
+
+
+def test_subclass_inputs_hit_and_match_the_cold_run(cache_on, capsys):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def mixed(x, w):
+        return (x * 2).sin() * w
+
+    def make():
+        generator = torch.Generator().manual_seed(0)
+        a, b = torch.randn(4, 3, generator=generator), torch.randn(4, 3, generator=generator)
+        return [TwoTensor(a, b).requires_grad_(), torch.randn(3, generator=generator)]
+
+    results = []
+    for expected in ("AOT miss", "AOT hit"):
+        got, grads, message = run(capsys, mixed, make())
+        assert expected in message and "not cached" not in message and "not stored" not in message, message
+        assert type(got[0]) is TwoTensor and type(grads[0]) is TwoTensor
+        results.append((got[0], grads[0]))
+    want, want_grads = eager(mixed, make())
+    for got, grad in results:
+        torch.testing.assert_close(got.a, want[0].a)
+        torch.testing.assert_close(got.b, want[0].b)
+        torch.testing.assert_close(grad.a, want_grads[0].a)
+        torch.testing.assert_close(grad.b, want_grads[0].b)

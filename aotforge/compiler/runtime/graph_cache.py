@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import sys
 import os
 import threading
 import time
@@ -280,7 +281,20 @@ def _expr_text(value: Any) -> Any:
 
 
 def input_description(value: Any) -> Any:
-    """An input as plain data: what the compiled program may depend on."""
+    """An input as plain data: what the compiled program may depend on. A tensor subclass
+    (``__tensor_flatten__``): its class, a digest of the module defining it (its
+    ``__torch_dispatch__`` is what the graphs were traced through), its flatten context, its
+    outer layout and each inner attribute."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(value, torch.Tensor) and not _is_fake(value) and type(value) not in (torch.Tensor, torch.nn.Parameter) \
+            and is_traceable_wrapper_subclass(value):
+        names, context = value.__tensor_flatten__()
+        cls = type(value)
+        return ["subclass", f"{cls.__module__}:{cls.__qualname__}", _module_digest(cls.__module__), repr(context),
+                str(value.dtype), str(value.device), [_expr_text(n) for n in value.shape],
+                [_expr_text(s) for s in value.stride()], bool(value.requires_grad),
+                [[name, input_description(getattr(value, name))] for name in names]]
     if isinstance(value, torch.Tensor):
         return ["tensor", type(value).__name__ if not _is_fake(value) else "Tensor", str(value.dtype),
                 str(value.device), [_expr_text(n) for n in value.shape], [_expr_text(s) for s in value.stride()],
@@ -294,6 +308,21 @@ def input_description(value: Any) -> Any:
     if isinstance(value, torch.Generator):
         return ["generator", str(value.device)]
     raise Uncacheable(f"an input of type {type(value).__name__}")
+
+
+_module_digests: dict = {}
+
+
+def _module_digest(name: str) -> str:
+    """A digest of a module's source file (the code of a tensor subclass defined there)."""
+    if name not in _module_digests:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        try:
+            with open(path, "rb") as file:  # type: ignore[arg-type]
+                _module_digests[name] = disk_cache.digest(file.read())
+        except (OSError, TypeError):
+            raise Uncacheable(f"the source of the module {name} cannot be read") from None
+    return _module_digests[name]
 
 
 def devices(example_inputs: Sequence[Any], gm: fx.GraphModule) -> list[str]:
