@@ -34,6 +34,13 @@ from .library_calls import _emit, _val
 
 aten = torch.ops.aten
 
+# Devices whose inference convolutions take their per-channel epilogue: the CPU, where the two
+# small kernels per convolution that compute the folded weight and bias cost microseconds; on
+# a GPU they would be two more launches per convolution, not measured yet.
+FOLD_DEVICES: tuple[str, ...] = ("cpu",)
+# A 16-bit weight times its scale would be rounded to 8 (bfloat16) or 11 bits once more, where
+# eager normalizes the convolution's output in float32: only 32- and 64-bit graphs fold.
+FOLD_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
 # The per-channel operations folded, and how each updates (scale, shift): y * s + t.
 _AFFINE = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
 
@@ -43,7 +50,8 @@ def _is_plain_convolution(node: fx.Node) -> bool:
     if node.op != "call_function" or node.target is not aten.convolution.default:
         return False
     out = _val(node)
-    if not isinstance(out, torch.Tensor) or out.dim() != 4 or not out.is_floating_point() or node.args[6]:
+    if (not isinstance(out, torch.Tensor) or out.dim() != 4 or not out.is_floating_point() or node.args[6]
+            or out.device.type not in FOLD_DEVICES or out.dtype not in FOLD_DTYPES):
         return False
     operands = [_val(a) for a in node.args[:3] if a is not None]
     return all(isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in operands)

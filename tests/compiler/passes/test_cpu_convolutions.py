@@ -298,3 +298,10 @@ def test_parameters_changed_between_calls_are_read_again():
         model.conv2.weight.mul_(-0.5)
         _check_like_eager(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
+
+
+def test_sixteen_bit_convolutions_do_not_fold():
+    fn, inputs = _conv_then(lambda y, a, b, c: (y - a) * b + c)
+    inputs = tuple(t.to(torch.bfloat16) for t in inputs)
+    gm = convolution_epilogues.fold_channel_affine(trace(fn, *inputs))
+    assert any(n.target is aten.sub.Tensor and n.meta["val"].dim() == 4 for n in gm.graph.nodes)
