@@ -108,7 +108,7 @@ def call(args):
     args.clear()
     x_1 = ensure_layout(x_1, (4, 4), (4, 1))
     w_1 = ensure_layout(w_1, (4, 4), (4, 1))
-    buf0 = empty_strided((4, 4), (4, 1), device=device_0, dtype=torch.float32)
+    buf0 = empty_strided_cpu((4, 4), (4, 1), torch.float32)
     kernel0.run(x_1, buf0)
     del x_1
     extern0 = torch.ops.aten.mm.default(buf0, w_1)

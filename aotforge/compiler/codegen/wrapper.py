@@ -7,7 +7,7 @@ outputs. Example (a layer norm)::
         primals_1, primals_2, primals_3 = args
         args.clear()
         primals_1 = ensure_layout(primals_1, (16, 64), (64, 1))
-        buf2 = empty_strided((16, 64), (64, 1), device=device_0, dtype=torch.float32)
+        buf2 = empty_strided_cpu((16, 64), (64, 1), torch.float32)
         kernel0.run(primals_1, primals_2, primals_3, buf2)
         del primals_1
         return (buf2,)
@@ -62,6 +62,9 @@ class _Writer:
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = dict(lowered.constants)
         self.devices: dict[str, str] = {}
+        # the graph's GPU when all its GPU buffers are on one (allocated on the fast path)
+        gpus = {b.device for b in self.buffers.values() if b.device.type == "cuda"}
+        self.cuda_device = next(iter(gpus)) if len(gpus) == 1 and next(iter(gpus)).index is not None else None
 
     def device(self, device: torch.device) -> str:
         key = str(device)
@@ -134,6 +137,10 @@ class _Writer:
             self.emit(f"{name} = reinterpret_tensor({reuses}, {size}, {stride}, 0)  # in place")
         elif reuses is not None:
             self.emit(f"{name} = reinterpret_tensor({reuses}, {size}, {stride}, 0); del {reuses}  # reuse")
+        elif buffer.device.type == "cpu" or buffer.device == self.cuda_device:
+            # torch's allocation fast path, past the dispatcher (a CUDA one allocates on the
+            # current device: the call runs under a guard for the graph's device, see guard_device)
+            self.emit(f"{name} = empty_strided_{buffer.device.type}({size}, {stride}, {buffer.dtype})")
         else:
             self.emit(f"{name} = empty_strided({size}, {stride}, device={self.device(buffer.device)}, "
                       f"dtype={buffer.dtype})")
@@ -172,7 +179,16 @@ def emit_wrapper(lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
             writer.emit(f"del {name}")
     outputs = [writer.literal(v) for v in lowered.outputs]
     writer.emit(f"return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
-    return Program("\n".join(writer.lines) + "\n", writer.namespace)
+    lines = guard_device(writer.lines, writer.cuda_device)
+    return Program("\n".join(lines) + "\n", writer.namespace)
+
+
+def guard_device(lines: list[str], device: "torch.device | None") -> list[str]:
+    """The body of ``call`` under a guard that makes ``device`` the current GPU: the fast
+    allocations are made on the current device, and Triton launches on it."""
+    if device is None:
+        return lines
+    return [lines[0], f"    with torch.cuda._DeviceGuard({device.index}):", *("    " + line for line in lines[1:])]
 
 
 def _launch_arguments(kernel: KernelSource) -> list[str]:

@@ -18,7 +18,7 @@ from ..codegen.triton import module_prelude
 from ..codegen.wrapper import Program
 from ..ir import LoweredGraph
 from ..schedule import KernelPlan, MemoryPlan
-from . import launch, modules
+from . import direct, launch, modules
 
 # launchers by (kernel source name, numel, rnumel): identical kernels of any graph share one,
 # so each is compiled and autotuned once while some graph uses it; a launcher (with its
@@ -155,8 +155,10 @@ def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     else:
         launchers = LOADERS[kernels[0].language if kernels else "triton"](kernels, precompile)
     namespace = dict(program.namespace)
-    namespace.update(launchers)
-    namespace.update(torch=torch, empty_strided=torch.empty_strided, reinterpret_tensor=launch.reinterpret_tensor,
+    # the wrapper calls each Triton kernel through a call site of this graph (direct.CallSite)
+    namespace.update({group: direct.CallSite(k) if isinstance(k, launch.Kernel) else k for group, k in launchers.items()})
+    namespace.update(torch=torch, empty_strided=torch.empty_strided, empty_strided_cpu=launch.empty_strided_cpu,
+                     empty_strided_cuda=launch.empty_strided_cuda, reinterpret_tensor=launch.reinterpret_tensor,
                      ensure_layout=launch.ensure_layout, check_mutated_input=launch.check_mutated_input,
                      run_aten_graph=run_aten_graph)
     code = compile(program.source, f"<aotforge {kind} wrapper>", "exec")

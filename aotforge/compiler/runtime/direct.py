@@ -46,17 +46,20 @@ def _no_hook(hook: Any) -> bool:
     return hook is None or (hasattr(hook, "calls") and not hook.calls)
 
 
-def make_launch(compiled: Any, grid: Callable[[Sequence[Any]], int], tail: tuple) -> Callable[[Sequence[Any]], None]:
+def make_launch(compiled: Any, grid: Callable[[Sequence[Any]], int], tail: tuple, device: int,
+                current_stream: Optional[Callable[[int], int]] = None) -> Callable[[Sequence[Any]], None]:
     """``launch(args)``: ``compiled`` on ``grid(args)`` programs with ``args`` followed by
     ``tail`` (the static sizes and the constexpr values, as Triton passes every bound argument
-    to the launcher)."""
-    from triton.runtime.driver import driver
+    to the launcher), on the current stream of ``device`` (the index of the GPU the arguments
+    are on: bound here, where Triton asks torch for the current device at every launch)."""
+    if current_stream is None:
+        from triton.runtime.driver import driver
 
-    current_device, current_stream = driver.active.get_current_device, driver.active.get_current_stream
+        current_stream = driver.active.get_current_stream
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
 
     def launch(args: Sequence[Any]) -> None:
-        run(grid(args), 1, 1, current_stream(current_device()), function, metadata, None, None, None, *args, *tail)
+        run(grid(args), 1, 1, current_stream(device), function, metadata, None, None, None, *args, *tail)
     return launch
 
 
@@ -70,5 +73,43 @@ class DirectLauncher:
         key = specialization(args)
         return key, self.launches.get(key)
 
-    def remember(self, key: tuple, compiled: Any, grid: Callable[[Sequence[Any]], int], tail: tuple) -> None:
-        self.launches[key] = make_launch(compiled, grid, tail) if usable(compiled) else None
+    def remember(self, key: tuple, compiled: Any, grid: Callable[[Sequence[Any]], int], tail: tuple,
+                 device: int) -> None:
+        self.launches[key] = make_launch(compiled, grid, tail, device) if usable(compiled) else None
+
+    def aligned(self, args: Sequence[Any]) -> Optional[Callable]:
+        """The launch for ``args`` when every argument is a tensor with 16-byte aligned data
+        (what ``CallSite`` binds), else None."""
+        if not all(isinstance(a, torch.Tensor) and a.data_ptr() % 16 == 0 for a in args):
+            return None
+        return self.launches.get(specialization(args))
+
+
+class CallSite:
+    """One graph's call of a shared kernel: what the generated wrapper's ``kernelN.run(...)``
+    calls. Within one graph the arguments' dtypes never change, so once the kernel has a
+    direct launch for aligned tensors, a call only checks that every pointer is still 16-byte
+    aligned (Triton's other specialization) and launches: no per-argument key, no dispatch.
+    Anything else (the first launches, an unaligned view, symbolic sizes, the interpreter, the
+    C++ path) goes through the shared kernel's own ``run``."""
+
+    __slots__ = ("kernel", "launch")
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel, self.launch = kernel, None
+
+    def run(self, *args: Any) -> None:
+        launch = self.launch
+        if launch is not None:
+            pointers = 0
+            for tensor in args:
+                pointers |= tensor.data_ptr()
+            if not pointers & 15:
+                try:
+                    launch(args)
+                    return
+                except TypeError:  # raised before launching: a Triton whose launcher takes
+                    self.launch = None  # other arguments; the kernel's run says so and falls back
+        self.kernel.run(*args)
+        if self.launch is None and getattr(self.kernel, "direct", None) is not None:
+            self.launch = self.kernel.direct.aligned(args)
