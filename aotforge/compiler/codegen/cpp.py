@@ -48,6 +48,8 @@ from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
 from .kernel import KernelShape, Printer, RowLoop, print_index
 from .cpp_ops import ACCUMULATE, ARITHMETIC, BEATS, CPP_STORAGE_TYPE, CPP_TYPE, PREDICATES, PRELUDE, spell
+from .cpp_sums import (SUM_PRELUDE, blocks_in_cascade, cascaded, columns_in_cascade, row_in_cascade, split_off_sums,
+                       split_rows_in_cascade, sum_accumulators)
 
 # the OpenMP reduction of each combine instruction (aot_max/aot_min: the prelude's, which
 # propagate NaN as eager does; OpenMP's max would drop it)
@@ -286,11 +288,22 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
            f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
     out += [f"        {CPP_TYPE[dtype]} {name}[{COLUMN_TILE}];" for _, name, dtype in loop.reductions]
     out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"] + ["            " + line for line in column + initial]
-    out += ["        }", "        for (int64_t rindex = 0; rindex < rnumel; ++rindex) {",
-            "            constexpr bool rmask = true;", "            #pragma omp simd",
+    out += ["        }"]
+    # floating sums: each column's rows in steps whose partial sums move up a cascade (cpp_sums)
+    declare, header, cascade, fold = columns_in_cascade(loop.reductions, COLUMN_TILE)
+    sums = bool(sum_accumulators(loop.reductions))
+    if sums:
+        out += ["        " + line for line in declare] + ["        " + line for line in header.split("\n")]
+    else:
+        out += ["        for (int64_t rindex = 0; rindex < rnumel; ++rindex) {"]
+    out += ["            constexpr bool rmask = true;", "            #pragma omp simd",
             "            for (int64_t xi = 0; xi < xcount; ++xi) {"]
     out += ["                " + tiled(line) for line in column + loop.body]
-    out += ["            }", "        }", "        for (int64_t xi = 0; xi < xcount; ++xi) {"]
+    out += ["            }", "        }"]
+    if sums:
+        out += ["        " + line for line in cascade] + ["        }", "        for (int64_t xi = 0; xi < xcount; ++xi) {"]
+        out += ["            " + line for line in fold] + ["        }"]
+    out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"]
     out += ["            " + tiled(line) for line in column + loop.after]
     return out + ["        }"] + ["    }", f"    {RETURN}", "}"]
 
@@ -321,29 +334,40 @@ _ROW_MODULUS = re.compile(r"\(rindex % (\d+)\)")
 def _split_row_loops(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> list[str]:
     """Each loop over a row whose indices take ``rindex % C`` (a reduction over several
     dimensions, such as batch norm's over N, H and W) walks the row as rows of C: the two
-    counters replace ``rindex / C`` and ``rindex % C``, and the inner loop vectorizes."""
-    if not isinstance(shape.rnumel, int):
-        return lines
+    counters replace ``rindex / C`` and ``rindex % C``, and the inner loop vectorizes.
+    Floating sums (cpp_sums): a split row's rows fold their partial sums through a cascade;
+    a loop that is not split and sums only floats walks its row in eager's order."""
     out = list(lines)
-    for loop in reversed(loops):  # (later loops first: earlier positions stay valid)
+    for number, loop in reversed(list(enumerate(loops))):  # (later loops first: earlier positions stay valid)
         header = loop.start + len(loop.prelude)
         end = header + 2 + len(loop.body)  # the header, rmask's line, the body, then "}"
-        moduli = [int(m) for m in _ROW_MODULUS.findall("\n".join(loop.body))]
-        if not moduli or out[end] != "}":
+        if out[end] != "}":
             continue
-        row = max(set(moduli), key=moduli.count)
-        if row < 8 or shape.rnumel % row:
+        moduli = [int(m) for m in _ROW_MODULUS.findall("\n".join(loop.body))]
+        row = max(set(moduli), key=moduli.count) if moduli else 0
+        if row < 8 or not isinstance(shape.rnumel, int) or shape.rnumel % row:
+            if cascaded(loop.reductions) is not None:
+                out[header:end + 1] = row_in_cascade(out[header + 2:end], loop.reductions, number)
+            elif sum_accumulators(loop.reductions):
+                out[header:end + 1] = (split_off_sums(out[header], out[header + 2:end], loop.reductions, number)
+                                       or blocks_in_cascade(out[header], out[header + 2:end], loop.reductions))
             continue
         *pragma, _ = out[header].split("\n")
         body = [line.replace(f"(rindex % {row})", "r1").replace(f"(rindex / {row})", "r0")
                 for line in out[header + 2:end]]
-        out[header:end + 1] = ([f"for (int64_t r0 = 0; r0 < {shape.rnumel // row}; ++r0) {{"] + pragma
+        blocks = shape.rnumel // row
+        if cascaded(loop.reductions) is not None:
+            out[header:end + 1] = row_in_cascade(body, loop.reductions, number, (blocks, row))
+            continue
+        before, start, finish, totals = split_rows_in_cascade(loop.reductions, str(blocks))
+        out[header:end + 1] = (before + [f"for (int64_t r0 = 0; r0 < {blocks}; ++r0) {{"]
+                               + ["    " + line for line in start] + pragma
                                + [f"for (int64_t r1 = 0; r1 < {row}; ++r1) {{",
                                   f"    const int64_t rindex = r0 * {row} + r1;", "    constexpr bool rmask = true;"]
-                               + body + ["}", "}"])
+                               + body + ["}"] + ["    " + line for line in finish] + ["}"] + totals)
     return out
 
 
 def translation_unit(sources: list[str]) -> str:
     """One graph's kernels as one C++ file: the prelude, then each distinct kernel."""
-    return PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
+    return PRELUDE + SUM_PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from aotforge.compiler import compile_fx_inner
+from aotforge.compiler.codegen import cpp_sums
 from aotforge.compiler.runtime import cpp_build
 from aotforge.config import config
 
@@ -48,7 +49,9 @@ def test_pointwise_over_rows_of_a_broadcast_operand(shape):
 @pytest.mark.parametrize("shape", [(8, 256), (3, 5)], ids=["long", "short"])
 def test_row_reductions(shape):
     graph = check(lambda x: (x.sum(1), x.amax(1), x.argmax(1), torch.softmax(x, 1), x.var(1)), f64(*shape))
-    assert "#pragma omp simd reduction(+:" in graph.kernel_source
+    # floating sums walk their rows in eager's cascade order (cpp_sums.py), also beside an argmax
+    kernels = "\n".join(kernel.source for kernel in graph.kernels)
+    assert kernels.count("aot_cascade_row<") >= 2, kernels  # (the var's, and the sum's beside the argmax)
 
 
 @pytest.mark.parametrize("columns", [128, 100, 5])
@@ -59,7 +62,9 @@ def test_reductions_down_columns_walk_tiles_of_columns(columns):
 
 def test_reduction_over_several_dimensions_splits_its_rows():
     graph = check(lambda x: (x.sum((0, 2, 3)), x.var((0, 2, 3))), f64(4, 6, 10, 12))
-    assert "for (int64_t r1 = 0; r1 < 120; ++r1)" in graph.kernel_source
+    # each row of 120 summed in eager's order (the inner loop over r1), the rows' sums in a cascade
+    lanes = cpp_sums.VECTOR_BYTES // 8  # (float64 lanes of a vector)
+    assert f"aot_cascade_row<{lanes}, 1>(120, " in graph.kernel_source and "_cascade(4);" in graph.kernel_source
 
 
 def test_nan_propagates_through_max_and_argmax_as_eager():
