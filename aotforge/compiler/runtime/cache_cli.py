@@ -18,13 +18,14 @@ KINDS = {
     "kernel modules": "*.py",
     "autotune choices": "autotune_*.json",
     "compiled graphs": "graph_*.json",
+    "Triton binaries, sealed": "triton_*.json",  # a GPU graph's kernels (triton_binaries.py)
     "AOT compiles": "compile_*.json",
     "AOT compiles by sizes": "sizes_*.json",  # a dynamic aot_function compile, named at a call's sizes
     "miss explanations": "index_*.json",
     "C++ libraries": "cpp_*",  # the library, its sidecar, a source the compiler rejected, the probe
     "unfinished writes": ".tmp-*.part",
 }
-TRITON = "Triton binaries"  # every file under <folder>/triton
+TRITON = "Triton's cache (triton/)"  # every file under <folder>/triton
 
 
 def _triton_files(directory: str) -> list[str]:

@@ -3,10 +3,12 @@ compiling it again (no post-grad passes, no lowering, no scheduling, no code gen
 
 An entry holds what ``runtime.load`` needs, as plain data: the wrapper's source, each
 kernel's source and launch metadata, the objects the wrapper refers to by name (devices,
-ops by name, constant tensors as raw bytes), and the records' counts. Kernel binaries come
-from Triton's own on-disk cache (keyed by the kernel's source, which is the same), and
-autotune choices from theirs (disk_cache.py); so a hit runs no Triton front end and no
-LLVM/ptxas when those are warm.
+ops by name, constant tensors as raw bytes), the records' counts, and a CPU graph's C++
+library (its bytes, checked against their digest when loaded). A GPU graph's Triton binaries
+are kept in a sealed entry of their own once its kernels compiled, and written back into
+Triton's cache folder (inside ours by default, disk_cache.point_triton_here) on a hit
+(triton_binaries.py); autotune choices come from their own entries (disk_cache.py). So a hit
+runs no Triton front end and no LLVM/ptxas.
 
 The key is everything that changes the result: the graph as handed to the compiler (its
 code, every subgraph's code, the bytes of its constants), each input's metadata (shape or
@@ -44,7 +46,7 @@ from ...torch_versions import backed_size_hints
 from ..codegen.kernel import KernelSource
 from ..codegen.wrapper import Program
 from ..expr import FloorDiv, ModularIndexing
-from . import compiled as runtime, disk_cache, keys
+from . import compiled as runtime, disk_cache, keys, triton_binaries
 from .compiled import CompiledGraph
 
 FORMAT = 3  # 2: kernels name their language; 3: the C++ library's bytes
@@ -77,6 +79,7 @@ def lookup(kind: str, gm: fx.GraphModule, example_inputs: Sequence[Any],
 
     if not config.cache:
         return None, None
+    triton_binaries.sweep()  # the Triton binaries of graphs stored earlier whose kernels have run since
     started = time.perf_counter()
     name = f"{debug.compile_name() or 'graph'}:{kind}"
     found = keys.safe_key(name, "graph", lambda: _key(kind, name, gm, example_inputs))
@@ -118,6 +121,7 @@ def load(kind: str, key: str, symbols: dict, run_aten_graph: Optional[Callable[[
         disk_cache.warn_bad_entry(path, f"it cannot be loaded: {type(error).__name__}: {error}")
         debug.note("cache", f"{name}: compiled-graph miss (the entry cannot be loaded)")
         return None
+    triton_binaries.restore(key, name)  # before the first launch: Triton finds its kernels compiled
     compiled.timings["cache_load"] = time.perf_counter() - started - compiled.timings.get("load", 0.0)
     debug.note("cache", f"{name}: compiled-graph hit ({key[:16]})")
     return compiled
@@ -146,6 +150,7 @@ def store(found: Optional[Lookup], compiled: CompiledGraph) -> None:
     keys.write_entry(_path(found.key), found.key, FORMAT, {"variants": variants[-(MAX_VARIANTS - 1):] + [body]})
     keys.remember_parts("graph", found.name, found.parts)
     _captured(found.kind, found.key)
+    triton_binaries.watch(found.key, compiled)  # its Triton kernels compile at their first launch
 
 
 # --- which entries an AOT compile used (the AOT cache refers to them) ---------------------------------

@@ -68,7 +68,8 @@ def test_cache_info_and_clear_count_triton_binaries(cache_dir, no_triton_folder,
     capsys.readouterr()
     assert main(["cache", "info"]) == 0
     info = capsys.readouterr().out
-    assert [line.split()[2] for line in info.splitlines() if "Triton binaries" in line] == ["3"], info
+    counts = {line.split("  ")[1].strip(): line.split()[-4] for line in info.splitlines()[1:]}
+    assert counts["Triton's cache (triton/)"] == "3", info
     assert main(["cache", "clear"]) == 0
     assert "removed 3 entries" in capsys.readouterr().out
     assert sorted(p.name for p in cache_dir.iterdir()) == ["notes.txt"]
