@@ -10,9 +10,11 @@ whose effect on the generator is replayed per call). JSON only: ops by name, dty
 sizes as ints or sympy text, never pickled objects.
 
 ``describe`` returns None for a compile whose runtime holds more than plain data can say
-here: duplicated or aliased inputs (their input transforms), tensor subclasses, custom
-autograd.Functions returning views of inputs, inputs whose storage is resized or swapped, and
-views whose replay is a Python function of a subclass. Such compiles are simply traced again;
+here: duplicated or aliased inputs (their input transforms), tensor subclasses of symbolic
+size or with a flatten context that is not plain data (those of static size are described by
+their layouts: class, context, inner attributes), custom autograd.Functions returning views of
+inputs, inputs whose storage is resized or swapped, and views whose replay is a Python
+function of a subclass. Such compiles are simply traced again;
 their compiled graphs still come from the compiled-graph cache.
 """
 from __future__ import annotations
