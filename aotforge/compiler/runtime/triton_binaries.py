@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import json
 import os
 import threading
 import weakref
@@ -88,8 +89,42 @@ def collect(hashes: Iterable[str], folder: str) -> Optional[dict]:
             total += len(data)
             if total > MAX_BYTES:
                 return None
+            if name.startswith("__grp__"):
+                data = _group_by_names(data, kernel)
+                if data is None:
+                    return None
             files[digest][name] = base64.b64encode(data).decode()
     return files
+
+
+# Triton's group file (``__grp__<kernel>.json``) names the kernel's files by absolute path; the
+# entry keeps their names, and a restore writes the paths of the folder restored into (another
+# AOTFORGE_CACHE_DIR, another machine).
+
+def _group_by_names(data: bytes, kernel: str) -> Optional[bytes]:
+    try:
+        group = json.loads(data)
+        paths = group["child_paths"]
+        names = {}
+        for child, path in paths.items():
+            if os.path.dirname(os.path.abspath(path)) != os.path.abspath(kernel):
+                return None  # a file outside the kernel's folder: left to Triton's cache
+            names[child] = os.path.basename(path)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return json.dumps({"child_paths": names}).encode()
+
+
+def _group_by_paths(data: bytes, kernel: str) -> Optional[bytes]:
+    try:
+        names = json.loads(data)["child_paths"]
+        paths = {child: os.path.join(kernel, name) for child, name in names.items()
+                 if isinstance(name, str) and os.sep not in name and not name.startswith(".")}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if len(paths) != len(names):
+        return None
+    return json.dumps({"child_paths": paths}).encode()
 
 
 def entry_path(graph_key: str) -> str:
@@ -126,6 +161,10 @@ def restore(graph_key: str, name: str = "graph") -> int:
             if os.sep in file_name or file_name.startswith("."):
                 continue
             data = base64.b64decode(encoded)
+            if file_name.startswith("__grp__"):
+                data = _group_by_paths(data, kernel)
+                if data is None:
+                    continue
             target = os.path.join(kernel, file_name)
             current = disk_cache.read_bytes(target) if os.path.lexists(target) else None
             if current == data:

@@ -4,6 +4,7 @@ What is checked: a graph's kernels' folders are stored once every kernel launche
 an empty Triton folder on a hit, a damaged Triton file is replaced from the entry, and a
 truncated, bit-flipped or swapped entry is refused with a warning (Triton then compiles as
 before). Not checked here (no GPU): that Triton loads the restored cubins without compiling."""
+import json
 import os
 import types
 
@@ -12,7 +13,12 @@ import pytest
 from aotforge.compiler.runtime import disk_cache, triton_binaries
 from aotforge.compiler.runtime.disk_cache import CacheEntryWarning
 
-KERNEL_FILES = {"k.cubin": b"\x7fELF" + bytes(range(200)), "k.json": b'{"name": "k"}', "__grp__k.json": b"{}"}
+KERNEL_FILES = {"k.cubin": b"\x7fELF" + bytes(range(200)), "k.json": b'{"name": "k"}'}
+
+
+def group_file(folder, digest):  # Triton's: the kernel's files by absolute path
+    paths = {name: os.path.join(folder, digest, name) for name in KERNEL_FILES}
+    return json.dumps({"child_paths": paths}).encode()
 
 
 @pytest.fixture
@@ -36,7 +42,8 @@ def compiled_graph(hashes, launched=True):
     return Graph({"k": launcher})
 
 
-def write_kernel(folder, digest, files=KERNEL_FILES):
+def write_kernel(folder, digest, files=None):
+    files = dict(KERNEL_FILES, **{"__grp__k.json": group_file(folder, digest)}) if files is None else files
     os.makedirs(os.path.join(folder, digest), exist_ok=True)
     for name, data in files.items():
         with open(os.path.join(folder, digest, name), "wb") as file:
@@ -68,8 +75,18 @@ def test_stored_once_launched_and_restored_into_an_empty_folder(triton_folder):
     for name in os.listdir(os.path.join(triton_folder, "abc123")):
         os.unlink(os.path.join(triton_folder, "abc123", name))
     assert triton_binaries.restore("a" * 64) == 3
-    assert read_kernel(triton_folder, "abc123") == KERNEL_FILES
+    assert read_kernel(triton_folder, "abc123") == dict(KERNEL_FILES, **{"__grp__k.json": group_file(triton_folder,
+                                                                                                     "abc123")})
     assert triton_binaries.restore("a" * 64) == 0  # already there: nothing written
+
+
+def test_restored_into_another_folder_the_group_file_names_it(triton_folder, monkeypatch, tmp_path):
+    stored(triton_folder)
+    elsewhere = str(tmp_path / "elsewhere")
+    monkeypatch.setenv("TRITON_CACHE_DIR", elsewhere)
+    assert triton_binaries.restore("a" * 64) == 3
+    group = json.loads(open(os.path.join(elsewhere, "abc123", "__grp__k.json")).read())
+    assert group["child_paths"] == {name: os.path.join(elsewhere, "abc123", name) for name in KERNEL_FILES}
 
 
 @pytest.mark.parametrize("damage", ["truncated", "bit-flipped", "swapped"])
