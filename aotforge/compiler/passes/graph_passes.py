@@ -1,6 +1,8 @@
 """Generic passes over FX graphs of ATen ops. Each is ``pass(gm) -> gm`` and edits in place."""
 from __future__ import annotations
 
+import math
+
 from typing import Any, Callable
 
 import torch
@@ -124,10 +126,22 @@ def _identity_scalar(position: int, value: Any) -> Callable[[fx.Node], bool]:
         and statically_equal(node.args[position], value) and statically_equal(node.kwargs.get("alpha", 1), 1)
 
 
+def _adds_zero(node: fx.Node) -> bool:
+    """``x + 0`` is ``x`` for integers, but not for floats: ``-0.0 + 0 == +0.0``. Adding
+    ``-0.0`` is the float identity; subtracting ``+0`` too (``-0.0 - 0 == -0.0``)."""
+    if not _identity_scalar(1, 0)(node):
+        return False
+    dtype = getattr(node.meta.get("val"), "dtype", None)
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        return True
+    negative_zero = isinstance(node.args[1], float) and math.copysign(1.0, node.args[1]) < 0
+    return negative_zero == (node.target in (aten.add.Tensor, aten.add.Scalar))
+
+
 # op -> predicate saying the node returns its first argument unchanged
 NOOPS: dict[Any, Callable[[fx.Node], bool]] = {
-    aten.add.Tensor: _identity_scalar(1, 0), aten.add.Scalar: _identity_scalar(1, 0),
-    aten.sub.Tensor: _identity_scalar(1, 0), aten.sub.Scalar: _identity_scalar(1, 0),
+    aten.add.Tensor: _adds_zero, aten.add.Scalar: _adds_zero,
+    aten.sub.Tensor: _adds_zero, aten.sub.Scalar: _adds_zero,
     aten.mul.Tensor: _identity_scalar(1, 1), aten.mul.Scalar: _identity_scalar(1, 1),
     aten.div.Tensor: _identity_scalar(1, 1), aten.div.Scalar: _identity_scalar(1, 1),
     aten.pow.Tensor_Scalar: _identity_scalar(1, 1),

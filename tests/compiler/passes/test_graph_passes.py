@@ -41,10 +41,25 @@ def test_dead_code_elimination():
 
 
 def test_remove_noops():
-    fn = lambda x: ((x + 0) * 1 + x.clone().to(torch.float32) / 1,)
+    fn = lambda x: ((x - 0) * 1 + x.clone().to(torch.float32) / 1,)
     gm = passes.remove_noops(trace(fn, torch.randn(4)))
     assert _targets(gm) == [aten.add.Tensor]
     _same_result(fn, gm, torch.randn(4))
+
+
+def test_adding_zero_is_kept_for_floats_where_it_turns_negative_zero_positive():
+    """-0.0 + 0 is +0.0: eager's sign, kept through the whole compiler; integer x + 0 goes."""
+    x = torch.tensor([-0.0, 0.0, -1.5, float("nan")], dtype=torch.float64)
+    for fn in (lambda t: ((t + 0) * 2,), lambda t: ((t - (-0.0)) * 2,), lambda t: (torch.add(t, 0.0) * 1,)):
+        gm = passes.remove_noops(trace(fn, x))
+        assert aten.add.Tensor in _targets(gm) or aten.sub.Tensor in _targets(gm)
+        compiled = torch.compile(fn, backend="aotforge")(x)[0]
+        torch.testing.assert_close(compiled, fn(x)[0], equal_nan=True)
+        assert torch.equal(compiled.signbit(), fn(x)[0].signbit())
+    identities = passes.remove_noops(trace(lambda t: ((t + (-0.0)) * 2 - (t - 0) * 3,), x))
+    assert _targets(identities) == [aten.mul.Tensor, aten.mul.Tensor, aten.sub.Tensor]  # the float identities go
+    integers = passes.remove_noops(trace(lambda t: ((t + 0) * 2,), torch.arange(4)))
+    assert _targets(integers) == [aten.mul.Tensor]
 
 
 def test_remove_noops_keeps_a_copy_that_is_an_output():
