@@ -137,7 +137,9 @@ def load_entry(found: Lookup, path_kind: str, load_graph: Callable[[str, str, An
     entry = variants[len(failures) - 1 - failures[::-1].index(None)]  # the newest that holds
     try:
         compiled = {}
-        for kind, stored in entry["graphs"].items():
+        order = ("forward", "backward", "inference")  # (as a cold compile makes them; the JSON is sorted)
+        for kind, stored in sorted(entry["graphs"].items(), key=lambda item: order.index(item[0])
+                                   if item[0] in order else len(order)):
             graph = load_graph(name, kind, stored, found.symbols)
             if graph is None:
                 debug.note("cache", f"{name}: AOT miss (its {kind} graph is not in the compiled-graph cache)")
