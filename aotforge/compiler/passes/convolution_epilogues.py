@@ -51,7 +51,8 @@ def _is_plain_convolution(node: fx.Node) -> bool:
         return False
     out = _val(node)
     if (not isinstance(out, torch.Tensor) or out.dim() != 4 or not out.is_floating_point() or node.args[6]
-            or out.device.type not in FOLD_DEVICES or out.dtype not in FOLD_DTYPES):
+            or out.device.type not in FOLD_DEVICES or out.dtype not in FOLD_DTYPES
+            or not all(isinstance(size, int) for size in out.shape)):  # (symbolic sizes: left as traced)
         return False
     operands = [_val(a) for a in node.args[:3] if a is not None]
     return all(isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in operands)
