@@ -26,6 +26,7 @@ writes them, numbered in the order they were made.
 from .decompositions import select_decomposition_table
 from .kernel_report import KernelReport, kernel_report
 from .pipeline import compile_fx, compile_fx_inner, observe
+from . import function_cache  # noqa: F401,E402  (registers aot_function's cache with the AOT layer)
 from .runtime.compiled import CompiledGraph
 
 __all__ = ["CompiledGraph", "KernelReport", "compile_fx", "compile_fx_inner", "kernel_report", "observe",

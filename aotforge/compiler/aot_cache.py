@@ -361,9 +361,3 @@ def keep_aten_code(found: Optional[Lookup], aten: dict) -> Callable[[str, Callab
             return compiler(gm, example_inputs, **kwargs)
         return keeping
     return keep
-
-
-# aot_function's compiles through this cache (aot/compile.py calls it when aotforge's compiler is loaded)
-from . import function_cache as _function_cache  # noqa: E402  (it reads this module's names when called)
-
-aot_plan.function_cache = _function_cache.compile_function

@@ -31,6 +31,9 @@ from torch.overrides import TorchFunctionMode
 
 from .. import debug
 from ..config import config
+from ..aot import cache as aot_plan
+from . import aot_cache
+from .pipeline import _boxed
 from .runtime import disk_cache, graph_cache, keys
 
 # torch-level calls whose effect on autograd a pre-dispatch trace does not record
@@ -64,7 +67,6 @@ def compile_function(flat_fn: Callable, flat_args: Sequence, aot_config: Any, is
     """``compile(flat_fn, args, aot_config, is_training=...)`` (aot/compile.py's
     ``_compile_flat``: ``(run, meta, fake_args)``) through the AOT cache. A hit returns
     ``(run, None, fake_args)``."""
-    from . import aot_cache
 
     if not config.cache or not _cacheable_config(aot_config):
         return compile(flat_fn, flat_args, aot_config, is_training=is_training)
@@ -129,8 +131,6 @@ def compile_function(flat_fn: Callable, flat_args: Sequence, aot_config: Any, is
 
 
 def _load_graph(name: str, kind: str, described: Any, symbols: dict) -> Optional[Callable]:
-    from . import aot_cache
-    from .pipeline import _boxed
 
     if not isinstance(described, dict) or not isinstance(described.get("key"), str):
         raise ValueError(f"its {kind} graph is described as {type(described).__name__}")
@@ -184,7 +184,6 @@ def _key(name: str, flat_fn: Callable, flat_args: Sequence, aot_config: Any, is_
     """The key of the compile; ``static``: of a dynamic compile at these sizes only (its entry
     names the symbolic compile's entry, see ``_load_at_sizes``)."""
     from ..aot.compile import fake_inputs
-    from . import aot_cache
 
     if any(isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) for x in flat_args):
         raise graph_cache.Uncacheable("it has a symbolic input")
@@ -283,7 +282,6 @@ def _static_fakes(flat_args: Sequence) -> tuple:
 
 
 def _load_at_sizes(at_sizes: _Found) -> Optional[Callable]:
-    from . import aot_cache
 
     lookup = at_sizes.lookup
     path = keys.entry_path("sizes", lookup.key)
@@ -303,3 +301,8 @@ def _store_at_sizes(at_sizes: Optional[_Found], lookup: Any) -> None:
         return
     keys.write_entry(keys.entry_path("sizes", at_sizes.lookup.key), at_sizes.lookup.key, SIZES_FORMAT,
                      dict(target=lookup.key, symbols={name: list(value) for name, value in lookup.symbols.items()}))
+
+
+# aot_function's compiles go through this cache: aot/compile.py calls it when aotforge's compiler
+# (which imports this module) is loaded
+aot_plan.function_cache = compile_function
