@@ -50,7 +50,24 @@ def _table() -> dict:
     for op in (aten._softmax.default, aten._log_softmax.default):
         if op in table:
             table[op] = _floating_only(table[op])
+    # the optimizers' pointwise steps rounded as eager's kernels round them (issue 37): lerp and
+    # addcmul stay whole for their lowerings (eager's fma), addcdiv on the CPU multiplies by
+    # ``value`` first, as ATen's CPU kernel does
+    for overload in aten.lerp.overloads():
+        table.pop(getattr(aten.lerp, overload), None)
+    table.pop(aten.addcmul.default, None)
+    table[aten.addcdiv.default] = functools.partial(_addcdiv, table.get(aten.addcdiv.default))
     return table
+
+
+def _addcdiv(decomposition, self, tensor1, tensor2, *, value=1):
+    """addcdiv as eager's kernel on the tensors' device rounds it: ATen's CPU
+    kernel computes ``self + value * t1 / t2`` in that order, torch's decomposition (eager's
+    CUDA kernel) divides first. AdamW's step is an addcdiv: the other order drifted a compiled
+    training loop off eager's bits on the CPU (issue 37)."""
+    if self.device.type != "cpu" and decomposition is not None:
+        return decomposition(self, tensor1, tensor2, value=value)
+    return self + (value * tensor1) / tensor2
 
 
 def _floating_only(decomposition: Callable) -> Callable:

@@ -31,12 +31,13 @@ STRUCTURE = {
     "philox_uniform": "(seed, counter) -> float32: Philox4x32-10's first word for (seed, counter) as a "
                       "uniform in [0, 1), aotforge/philox.py's (Triton's tl.rand)",
 }
-# elementwise math whose result has its (first) operand's dtype
+# elementwise math whose result has its (first) operand's dtype (fma(a, b, c): a * b + c rounded
+# once, as eager's vectorized CPU kernels compute lerp)
 ARITHMETIC = frozenset("""
     add sub rsub mul truediv neg abs maximum minimum relu reciprocal floordiv truncdiv remainder fmod
     pow atan2 copysign hypot fmax fmin sign floor ceil trunc round bitwise_and bitwise_or bitwise_xor
     bitwise_not exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh
-    tanh asinh acosh atanh erf erfc erfinv sigmoid lgamma""".split())
+    tanh asinh acosh atanh erf erfc erfinv sigmoid lgamma fma""".split())
 # comparisons and tests: a bool result
 PREDICATES = frozenset("""
     eq ne lt le gt ge logical_and logical_or logical_xor logical_not isnan isinf signbit""".split())

@@ -61,6 +61,7 @@ ARITHMETIC: dict[str, Spelling] = {
     "bitwise_not": lambda args, dtype: f"!{args[0]}" if dtype == torch.bool else f"~{args[0]}",
     "rsqrt": "{T}(1) / std::sqrt({0})", "sigmoid": "{T}(1) / ({T}(1) + std::exp(-{0}))",
     "erfinv": "aot_erfinv({0})",
+    "fma": "std::fma({0}, {1}, {2})",  # (one rounding: -ffp-contract=off leaves a * b + c two)
 }
 for _name in ["exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin", "acos",
               "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma"]:

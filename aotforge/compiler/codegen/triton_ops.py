@@ -35,6 +35,7 @@ ARITHMETIC: dict[str, Spelling] = {
     "remainder": _float_or_int("_remainder_float({0}, {1})", "_remainder_int({0}, {1})"),
     "fmod": _float_or_int("libdevice.fmod({0}, {1})", "_fmod_int({0}, {1})"),
     "pow": "libdevice.pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
+    "fma": "tl.fma({0}, {1}, {2})",
     "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
     # fmax/fmin ignore a NaN operand (maximum/minimum propagate it)
     "fmax": "tl.where({0} != {0}, {1}, tl.where({1} != {1}, {0}, tl.maximum({0}, {1})))",

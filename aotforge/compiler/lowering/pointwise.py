@@ -227,10 +227,33 @@ def copy(ctx: LoweringContext, destination: Value, source: Value, non_blocking: 
                            broadcast_loader(source, destination.size, source.dtype)), destination.dtype)
 
 
+@register(aten.addcmul.default)
+def addcmul(ctx: LoweringContext, x: Value, tensor1: Value, tensor2: Value, *, value: Any = 1) -> Value:
+    """Eager's rounding, bit for bit: ATen's kernels compute ``x + value * t1 * t2``, which their
+    compilers contract to fma(value * t1, t2, x) (measured on the CPU: every element). AdamW's
+    second moment is an addcmul (issue 37)."""
+    scaled = make_pointwise("mul")(ctx, value, tensor1)
+    if not promoted_dtype(x, tensor1, tensor2, kind="DEFAULT")[0].is_floating_point:
+        return make_pointwise("add")(ctx, x, make_pointwise("mul")(ctx, scaled, tensor2))  # (exact)
+    return make_pointwise("fma")(ctx, scaled, tensor2, x)
+
+
 @register(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(ctx: LoweringContext, start: Value, end: Value, weight: Any) -> Value:
+    """Eager's formula (ATen's lerp_vec, CPU; Lerp.h contracted on CUDA), bit for bit: from the
+    nearer end, fma(weight, end - start, start) for |weight| < 0.5, else fma(weight - 1,
+    end - start, end). AdamW's moving average is a lerp: a * b + c rounded twice drifted a
+    compiled training loop off eager's bits (issue 37)."""
     difference = make_pointwise("sub")(ctx, end, start)
-    return make_pointwise("add")(ctx, start, make_pointwise("mul")(ctx, weight, difference))
+    if not isinstance(weight, Value):
+        # (the weight as eager holds it: in the tensors' dtype, then weight - 1 in their math's)
+        held = torch.tensor(weight, dtype=start.dtype).to(compute_dtype(start.dtype))
+        small = bool(held.abs() < 0.5)
+        coefficient = (held if small else held - 1).item()
+        return make_pointwise("fma")(ctx, coefficient, difference, start if small else end)
+    small = make_pointwise("lt", "ALWAYS_BOOL")(ctx, make_pointwise("abs")(ctx, weight), 0.5)
+    coefficient = where(ctx, small, weight, make_pointwise("sub")(ctx, weight, 1))
+    return make_pointwise("fma")(ctx, coefficient, difference, where(ctx, small, start, end))
 
 
 @register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
