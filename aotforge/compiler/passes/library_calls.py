@@ -54,8 +54,10 @@ CHANNELS_LAST_DEVICES: tuple[str, ...] = ("cuda", "cpu")
 # pooling went from 14.2 to 1.1 ms a call and its forward convolutions from 14.8 to 11.7 ms,
 # but the C++ kernel of the first BatchNorm backward's sums over N, H, W of an NHWC buffer of
 # 32 channels walks each channel's row with a stride of 32 (57.6 ms, against 5.5 ms for NCHW
-# rows), so the step was no faster (281 against 289 ms). It pays once that reduction is
-# tiled over the contiguous channels, as the 64-channel one already is (0.5 ms).
+# rows), so the step was no faster (281 against 289 ms). After 927ce18 (C++ sums in blocks)
+# that kernel takes 20.6 ms and the step 0.92x eager on, 0.89x off (±3%, one after the other):
+# not yet a clear gain. It pays once that reduction is tiled over the contiguous channels, as
+# the 64-channel one already is (0.5 ms).
 CHANNELS_LAST_TRAINING_DEVICES: tuple[str, ...] = ()
 # On the CPU only the dtypes oneDNN convolves: a float64 convolution runs ATen's own loops,
 # whose NHWC form is no faster. Tests add float64.
