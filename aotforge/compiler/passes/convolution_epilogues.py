@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from .library_calls import _emit, _val
+from .fx_edits import emit_node, node_value
 
 aten = torch.ops.aten
 
@@ -49,19 +49,19 @@ def _is_plain_convolution(node: fx.Node) -> bool:
     """A 2-d, non-transposed ``aten.convolution`` whose operands are tensors of one dtype."""
     if node.op != "call_function" or node.target is not aten.convolution.default:
         return False
-    out = _val(node)
+    out = node_value(node)
     if (not isinstance(out, torch.Tensor) or out.dim() != 4 or not out.is_floating_point() or node.args[6]
             or out.device.type not in FOLD_DEVICES or out.dtype not in FOLD_DTYPES
             or not all(isinstance(size, int) for size in out.shape)):  # (symbolic sizes: left as traced)
         return False
-    operands = [_val(a) for a in node.args[:3] if a is not None]
+    operands = [node_value(a) for a in node.args[:3] if a is not None]
     return all(isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in operands)
 
 
 def _channel_vector(node: fx.Node, operand: Any, out: torch.Tensor) -> Optional[fx.Node]:
     """``operand`` as a [C] node when it is a per-output-channel tensor ([C, 1, 1] or
     [1, C, 1, 1], C the convolution's output channels or 1) of the result's dtype; else None."""
-    value = _val(operand)
+    value = node_value(operand)
     if not isinstance(operand, fx.Node) or not isinstance(value, torch.Tensor) or value.dtype != out.dtype:
         return None
     if value.device != out.device or value.dim() > 4 or value.dim() < 3:
@@ -70,9 +70,9 @@ def _channel_vector(node: fx.Node, operand: Any, out: torch.Tensor) -> Optional[
     channels = out.shape[1]
     if shape[0] != 1 or shape[2] != 1 or shape[3] != 1 or shape[1] not in (1, channels):
         return None
-    flat = _emit(node.graph, node, aten.reshape.default, (operand, [shape[1]]))
+    flat = emit_node(node.graph, node, aten.reshape.default, (operand, [shape[1]]))
     if shape[1] == 1:
-        flat = _emit(node.graph, node, aten.expand.default, (flat, [channels]))
+        flat = emit_node(node.graph, node, aten.expand.default, (flat, [channels]))
     return flat
 
 
@@ -84,8 +84,8 @@ def _affine_step(node: fx.Node, current: fx.Node) -> Optional[tuple[Any, fx.Node
     if len(node.args) > 2 or len(node.args) < 2:
         return None
     left, right = node.args
-    out = _val(current)
-    if _val(node) is None or list(_val(node).shape) != list(out.shape) or _val(node).dtype != out.dtype:
+    out = node_value(current)
+    if node_value(node) is None or list(node_value(node).shape) != list(out.shape) or node_value(node).dtype != out.dtype:
         return None
     if left is current and right is not current:
         other = right
@@ -99,7 +99,7 @@ def _affine_step(node: fx.Node, current: fx.Node) -> Optional[tuple[Any, fx.Node
 
 def _fold(convolution: fx.Node) -> bool:
     graph = convolution.graph
-    out = _val(convolution)
+    out = node_value(convolution)
     steps: list[tuple[Any, fx.Node]] = []
     last = convolution
     while len(last.users) == 1:
@@ -116,26 +116,26 @@ def _fold(convolution: fx.Node) -> bool:
     where = last
     for target, vector in steps:
         if target is aten.mul.Tensor:
-            scale = vector if scale is None else _emit(graph, where, aten.mul.Tensor, (scale, vector))
+            scale = vector if scale is None else emit_node(graph, where, aten.mul.Tensor, (scale, vector))
         elif target is aten.div.Tensor:
-            scale = (_emit(graph, where, aten.reciprocal.default, (vector,)) if scale is None
-                     else _emit(graph, where, aten.div.Tensor, (scale, vector)))
+            scale = (emit_node(graph, where, aten.reciprocal.default, (vector,)) if scale is None
+                     else emit_node(graph, where, aten.div.Tensor, (scale, vector)))
         if target in (aten.mul.Tensor, aten.div.Tensor):
             if shift is not None:
-                shift = _emit(graph, where, target, (shift, vector))
+                shift = emit_node(graph, where, target, (shift, vector))
         elif shift is None:
-            shift = vector if target is aten.add.Tensor else _emit(graph, where, aten.neg.default, (vector,))
+            shift = vector if target is aten.add.Tensor else emit_node(graph, where, aten.neg.default, (vector,))
         else:
-            shift = _emit(graph, where, target, (shift, vector))
+            shift = emit_node(graph, where, target, (shift, vector))
     x, weight, bias, *rest = convolution.args
     if scale is not None:
-        column = _emit(graph, where, aten.reshape.default, (scale, [out.shape[1], 1, 1, 1]))
-        weight = _emit(graph, where, aten.mul.Tensor, (weight, column))
+        column = emit_node(graph, where, aten.reshape.default, (scale, [out.shape[1], 1, 1, 1]))
+        weight = emit_node(graph, where, aten.mul.Tensor, (weight, column))
         if bias is not None:
-            bias = _emit(graph, where, aten.mul.Tensor, (bias, scale))
+            bias = emit_node(graph, where, aten.mul.Tensor, (bias, scale))
     if shift is not None:
-        bias = shift if bias is None else _emit(graph, where, aten.add.Tensor, (bias, shift))
-    folded = _emit(graph, where, aten.convolution.default, (x, weight, bias, *rest))
+        bias = shift if bias is None else emit_node(graph, where, aten.add.Tensor, (bias, shift))
+    folded = emit_node(graph, where, aten.convolution.default, (x, weight, bias, *rest))
     last.replace_all_uses_with(folded)
     for node in reversed([convolution] + _chain(convolution, last)):
         graph.erase_node(node)

@@ -11,6 +11,8 @@ from torch.utils import _pytree as pytree
 
 from ... import op_table
 from .collectives import sink_waits
+from .fx_edits import run_passes
+from .library_calls import channels_last_joint
 from .patterns import apply_pattern_rewrites
 from .symbolic import is_symbolic, known_true, statically_equal, sym_expr
 
@@ -242,15 +244,6 @@ def remove_unused_lookups(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def run_passes(gm: fx.GraphModule, graph_passes: tuple) -> fx.GraphModule:
-    """Each pass in order, then one ``recompile``: passes edit ``gm.graph`` and leave its
-    Python code stale, since regenerating it after every pass cost most of their time."""
-    for graph_pass in graph_passes:
-        gm = graph_pass(gm)
-    gm.recompile()
-    return gm
-
-
 def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the torch-level graph Dynamo hands us, before AOT autograd traces it."""
     return run_passes(gm, (remove_identity_modules, remove_unused_lookups))
@@ -258,8 +251,6 @@ def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
 
 def joint_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the joint forward+backward graph, before it is partitioned."""
-    from .library_calls import channels_last_joint  # (library_calls builds on this module)
-
     return run_passes(gm, (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination, channels_last_joint))
 
 

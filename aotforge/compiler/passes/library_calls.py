@@ -35,7 +35,9 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
-from .graph_passes import run_passes
+from .convolution_epilogues import fold_channel_affine
+from .fx_edits import emit_node, node_value, run_passes
+from .pooling import pointwise_max_pooling
 
 log = logging.getLogger("aotforge")
 
@@ -74,22 +76,6 @@ ALIGNMENT = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
 MIN_PADDED_WORK = 2 ** 27  # M * N * K
 
 
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, fx.Node) else node
-
-
-def _emit(graph: fx.Graph, before: fx.Node, target: Any, args: tuple, kwargs: Optional[dict] = None) -> fx.Node:
-    """A new node before ``before`` whose fake value is ``target`` run on its inputs' values."""
-    with graph.inserting_before(before):
-        node = graph.call_function(target, args, kwargs or {})
-    values = tuple(_val(a) if not isinstance(a, (list, tuple)) else type(a)(_val(x) for x in a) for a in args)
-    fake_mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
-    with fake_mode:
-        node.meta["val"] = target(*values, **(kwargs or {}))
-    node.meta["stack_trace"] = before.meta.get("stack_trace")
-    return node
-
-
 def _padding(size: Any, alignment: int) -> int:
     return 0 if not isinstance(size, int) else -size % alignment
 
@@ -107,20 +93,20 @@ def _pad(graph: fx.Graph, before: fx.Node, tensor: fx.Node, amounts: Sequence[in
         for position, dim in enumerate(dims):
             source_amounts[dim] = amounts[position]
         padded = _pad(graph, before, source, source_amounts, made)
-        return _emit(graph, before, aten.permute.default, (padded, list(tensor.args[1])))
+        return emit_node(graph, before, aten.permute.default, (padded, list(tensor.args[1])))
     key = (tensor, tuple(amounts))
     if key not in made:
         pad_arg: list[int] = []
         for amount in reversed(amounts):  # constant_pad_nd lists the last dimension first
             pad_arg += [0, amount]
-        made[key] = _emit(graph, before, aten.constant_pad_nd.default, (tensor, pad_arg, 0.0))
+        made[key] = emit_node(graph, before, aten.constant_pad_nd.default, (tensor, pad_arg, 0.0))
     return made[key]
 
 
 def _matmul_padding(node: fx.Node) -> Optional[tuple[int, int, int]]:
     """Zeros to add to (M, K, N) of an mm/bmm/addmm node, or None when it stays as it is."""
     a, b = (node.args[1], node.args[2]) if node.target is aten.addmm.default else node.args[:2]
-    a_val, b_val, out = _val(a), _val(b), node.meta.get("val")
+    a_val, b_val, out = node_value(a), node_value(b), node.meta.get("val")
     if not all(isinstance(v, torch.Tensor) for v in (a_val, b_val, out)):
         return None
     if out.device.type not in PAD_DEVICES or out.dtype not in ALIGNMENT or a_val.dtype != b_val.dtype:
@@ -140,26 +126,26 @@ def _pad_matmul(graph: fx.Graph, node: fx.Node, returned: set, made: dict) -> No
     pad_m, pad_k, pad_n = padding
     is_addmm = node.target is aten.addmm.default
     a, b = (node.args[1], node.args[2]) if is_addmm else node.args[:2]
-    batch = [0] * (_val(a).dim() - 2)
+    batch = [0] * (node_value(a).dim() - 2)
     a = _pad(graph, node, a, batch + [pad_m, pad_k], made)
     b = _pad(graph, node, b, batch + [pad_k, pad_n], made)
     if is_addmm:
         bias = node.args[0]
-        bias_shape = list(_val(bias).shape)
+        bias_shape = list(node_value(bias).shape)
         # a broadcast dimension (size 1, or missing) of the bias needs no padding
         wanted = [pad_m, pad_n][2 - len(bias_shape):]
         bias = _pad(graph, node, bias, [p if size != 1 else 0 for p, size in zip(wanted, bias_shape)], made)
-        padded = _emit(graph, node, aten.addmm.default, (bias, a, b, *node.args[3:]), dict(node.kwargs))
+        padded = emit_node(graph, node, aten.addmm.default, (bias, a, b, *node.args[3:]), dict(node.kwargs))
     else:
-        padded = _emit(graph, node, node.target, (a, b))
+        padded = emit_node(graph, node, node.target, (a, b))
     result = padded
     out = node.meta["val"]
     for dim, amount in ((out.dim() - 2, pad_m), (out.dim() - 1, pad_n)):
         if amount:
-            result = _emit(graph, node, aten.slice.Tensor, (result, dim, 0, out.shape[dim]))
+            result = emit_node(graph, node, aten.slice.Tensor, (result, dim, 0, out.shape[dim]))
     if result is not padded and node in returned:
         # the caller sees eager's contiguous strides, not a view of the padded buffer
-        result = _emit(graph, node, aten.clone.default, (result,))
+        result = emit_node(graph, node, aten.clone.default, (result,))
     node.replace_all_uses_with(result)
     graph.erase_node(node)
 
@@ -183,7 +169,7 @@ def _scatter_operands(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node, fx.Node
     target, indices, values = node.args[:3]
     if len(indices) != 1 or not isinstance(indices[0], fx.Node):
         return None
-    self_val, index_val, values_val = _val(target), _val(indices[0]), _val(values)
+    self_val, index_val, values_val = node_value(target), node_value(indices[0]), node_value(values)
     if not all(isinstance(v, torch.Tensor) for v in (self_val, index_val, values_val)):
         return None
     if index_val.dtype != torch.int64 or self_val.dim() == 0 or index_val.dim() == 0:
@@ -206,19 +192,19 @@ def scatter_accumulate(gm: fx.GraphModule) -> fx.GraphModule:
         if operands is None:
             continue
         target, index, values = operands
-        row_shape = list(_val(target).shape[1:])
-        rows = math.prod(_val(index).shape)
-        full_shape = list(_val(index).shape) + row_shape
-        if list(_val(values).shape) != full_shape:  # index_put broadcasts its values
-            values = _emit(graph, node, aten.expand.default, (values, full_shape))
-        values = _emit(graph, node, aten.reshape.default, (values, [rows] + row_shape))
+        row_shape = list(node_value(target).shape[1:])
+        rows = math.prod(node_value(index).shape)
+        full_shape = list(node_value(index).shape) + row_shape
+        if list(node_value(values).shape) != full_shape:  # index_put broadcasts its values
+            values = emit_node(graph, node, aten.expand.default, (values, full_shape))
+        values = emit_node(graph, node, aten.reshape.default, (values, [rows] + row_shape))
         # index_put counts negative indices from the end; scatter_add does not
-        negative = _emit(graph, node, aten.lt.Scalar, (index, 0))
-        wrapped = _emit(graph, node, aten.add.Tensor, (index, _val(target).shape[0]))
-        index = _emit(graph, node, aten.where.self, (negative, wrapped, index))
-        index = _emit(graph, node, aten.reshape.default, (index, [rows] + [1] * len(row_shape)))
-        index = _emit(graph, node, aten.expand.default, (index, [rows] + row_shape))
-        scattered = _emit(graph, node, aten.scatter_add.default, (target, 0, index, values))
+        negative = emit_node(graph, node, aten.lt.Scalar, (index, 0))
+        wrapped = emit_node(graph, node, aten.add.Tensor, (index, node_value(target).shape[0]))
+        index = emit_node(graph, node, aten.where.self, (negative, wrapped, index))
+        index = emit_node(graph, node, aten.reshape.default, (index, [rows] + [1] * len(row_shape)))
+        index = emit_node(graph, node, aten.expand.default, (index, [rows] + row_shape))
+        scattered = emit_node(graph, node, aten.scatter_add.default, (target, 0, index, values))
         node.replace_all_uses_with(scattered)
         graph.erase_node(node)
     return gm
@@ -251,7 +237,7 @@ def _convolutions(gm: fx.GraphModule, devices: tuple[str, ...]) -> list[fx.Node]
 
 def _converted_operands(convolution: fx.Node) -> tuple[int, ...]:
     """Which operands of a convolution (0: input, 1: weight) are converted to NHWC."""
-    if _val(convolution.args[0]).shape[1] >= MIN_CHANNELS_LAST_CHANNELS:
+    if node_value(convolution.args[0]).shape[1] >= MIN_CHANNELS_LAST_CHANNELS:
         return (0, 1)
     # an image's 3 channels: converting it reads with a stride of H*W (see the constant)
     return (1,) if convolution.meta["val"].device.type == "cpu" else ()
@@ -295,7 +281,7 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
         for index in _converted_operands(convolution):
             operand = convolution.args[index]
             if isinstance(operand, fx.Node) and not _is_channels_last(operand.meta["val"]) and operand not in converted:
-                converted[operand] = _emit(gm.graph, convolution, aten.clone.default, (operand,),
+                converted[operand] = emit_node(gm.graph, convolution, aten.clone.default, (operand,),
                                            {"memory_format": torch.channels_last})
         convolution.args = tuple(converted.get(a, a) if i < 2 else a for i, a in enumerate(convolution.args))
     for node in gm.graph.nodes:  # a joint graph's backward convolutions read the same NHWC copies
@@ -323,7 +309,7 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
     output = next(n for n in gm.graph.nodes if n.op == "output")
     for node, stride in eager_strides.items():
         if node.meta["val"].stride() != stride:
-            restored = _emit(gm.graph, output, aten.clone.default, (node,), {"memory_format": eager_formats[node]})
+            restored = emit_node(gm.graph, output, aten.clone.default, (node,), {"memory_format": eager_formats[node]})
             output.replace_input_with(node, restored)
     return gm
 
@@ -340,8 +326,6 @@ def _propagate_fake_values(gm: fx.GraphModule) -> None:
 def library_call_passes(gm: fx.GraphModule, kind: str) -> fx.GraphModule:
     """Passes on a graph about to get generated kernels, in order (after ``post_grad_passes``)."""
     # (these modules build on this one's helpers)
-    from .convolution_epilogues import fold_channel_affine
-    from .pooling import pointwise_max_pooling
 
     # inference: BatchNorm folded into the convolution, then NHWC
     layout_passes = ((fold_channel_affine, pointwise_max_pooling, channels_last_convolutions)

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from .library_calls import _emit, _val
+from .fx_edits import emit_node, node_value
 
 aten = torch.ops.aten
 
@@ -80,8 +80,8 @@ def _indices_unread(node: fx.Node) -> Optional[fx.Node]:
 
 def _rewrite(graph: fx.Graph, node: fx.Node, values: fx.Node) -> bool:
     arguments = _pool_arguments(node)
-    source, out = node.args[0], _val(values)
-    source_val = _val(source)
+    source, out = node.args[0], node_value(values)
+    source_val = node_value(source)
     if arguments is None or not isinstance(source, fx.Node) or not isinstance(source_val, torch.Tensor):
         return False
     if (source_val.dim() not in (3, 4) or not source_val.is_floating_point()
@@ -97,7 +97,7 @@ def _rewrite(graph: fx.Graph, node: fx.Node, values: fx.Node) -> bool:
     after = [max(0, r - p - size) for r, p, size in zip(reach, padding, (height, width))]
     padded = source
     if any(padding) or any(after):
-        padded = _emit(graph, node, aten.constant_pad_nd.default,
+        padded = emit_node(graph, node, aten.constant_pad_nd.default,
                        (source, [padding[1], after[1], padding[0], after[0]], -math.inf))
     dims = (source_val.dim() - 2, source_val.dim() - 1)
     result = None
@@ -107,10 +107,10 @@ def _rewrite(graph: fx.Graph, node: fx.Node, values: fx.Node) -> bool:
             for dim, tap_index, o, s, d in ((dims[0], tap_h, out_height, stride[0], dilation[0]),
                                             (dims[1], tap_w, out_width, stride[1], dilation[1])):
                 start = tap_index * d
-                tap = _emit(graph, node, aten.slice.Tensor, (tap, dim, start, start + (o - 1) * s + 1, s))
-            result = tap if result is None else _emit(graph, node, aten.maximum.default, (result, tap))
+                tap = emit_node(graph, node, aten.slice.Tensor, (tap, dim, start, start + (o - 1) * s + 1, s))
+            result = tap if result is None else emit_node(graph, node, aten.maximum.default, (result, tap))
     if kernel == [1, 1]:  # a lone tap is a view; the pooling's output is a tensor of its own
-        result = _emit(graph, node, aten.clone.default, (result,))
+        result = emit_node(graph, node, aten.clone.default, (result,))
     values.replace_all_uses_with(result)
     graph.erase_node(values)
     graph.erase_node(node)
