@@ -186,7 +186,9 @@ def _evaluator(index: sympy.Expr, hint):
     """``(x, r) -> address`` for an index expression, as Python integer arithmetic (the same
     printer as the kernels'); size symbols take their hints."""
     text = texpr(index)
-    names = {str(s): hint(s) for s in index.free_symbols if s not in (XINDEX, RINDEX)}
+    # an index read from a tensor (``indirectN``) is data: lanes are walked as if it were 0
+    names = {str(s): 0 if str(s).startswith("indirect") else hint(s)
+             for s in index.free_symbols if s not in (XINDEX, RINDEX)}
     code = compile(text, "<index>", "eval")
 
     def evaluate(x: int, r: int) -> int:

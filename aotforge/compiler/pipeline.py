@@ -195,11 +195,22 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
         kernels = emit_kernels(lowered, plan, reads, printer)  # KernelSource per kernel group
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
     if debug.dump_dir() or debug.enabled("ir"):  # bytes, coalescing, pointers of each kernel
-        debug.artifact("ir", f"{kind}_kernel_report", str(report_of(kind, lowered, plan, kernels, reads=reads)), ".txt")
+        _dump_kernel_report(kind, lowered, plan, kernels, reads)
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
                             run_aten_graph=_run_fx(gm))
     _log_output_code(compiled)
     return compiled
+
+
+def _dump_kernel_report(kind: str, lowered, plan, kernels, reads) -> None:
+    """The kernel report, a record for reading: a failure to make it is logged and never
+    changes what is compiled (a dump folder must not change the program)."""
+    try:
+        text = str(report_of(kind, lowered, plan, kernels, reads=reads))
+    except Exception as error:  # noqa: BLE001
+        log.warning("aotforge: no kernel report for the %s graph (%s: %s)", kind, type(error).__name__, error)
+        return
+    debug.artifact("ir", f"{kind}_kernel_report", text, ".txt")
 
 
 def _log_output_code(compiled: CompiledGraph) -> None:

@@ -57,3 +57,24 @@ def test_registers_of_an_sm90_build():
         torch.compile(lambda x: torch.softmax(x, -1), backend="aotforge")(torch.randn(32, 1024))
     registers, local = sm90_registers(graphs[0].kernels[0])
     assert registers is not None and 8 <= registers <= 255 and local == 0
+
+
+def test_a_kernel_with_an_index_read_from_a_tensor_gets_a_report_and_dumping_changes_nothing(tmp_path, monkeypatch):
+    """A gather's index is data (``indirectN`` in the kernel's index): the report walks it as 0.
+    With a dump folder set, the same kernels are compiled as without (the report once failed
+    there, and the graph fell back to ATen calls)."""
+    table, rows = torch.randn(10, 8), torch.tensor([[3, 1, 4], [1, 5, 9]])
+
+    def gather(t, i):
+        return torch.nn.functional.embedding(i, t * 2) + 1
+
+    report = _report(gather, table, rows)
+    assert report.kernels and "kernel" in str(report)
+    monkeypatch.setenv("AOTFORGE_DUMP_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    with config.patch(triton_on_cpu=True), observe() as graphs:
+        out = torch.compile(gather, backend="aotforge")(table, rows)
+    torch.testing.assert_close(out, gather(table, rows))
+    (graph,) = graphs
+    assert graph.path == "triton" and len(graph.kernels) == len(report.kernels)
+    assert list(tmp_path.rglob("*inference_kernel_report.txt"))
