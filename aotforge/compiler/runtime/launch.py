@@ -287,7 +287,7 @@ def _reinterpret_tensor(tensor: torch.Tensor, size: Sequence[int], stride: Seque
 
 def _fast_path(name: str) -> Optional[Callable]:
     """One of torch's C++ helpers for compiled code (2.11 to 2.15 have them), which skip the
-    dispatcher: a third of the time of the ATen call, and a wrapper makes hundreds a step."""
+    dispatcher: half the time of the ATen call or less, and a wrapper makes hundreds a step."""
     try:
         from torch._C._dynamo import guards
     except ImportError:
