@@ -231,12 +231,8 @@ def compile_fx_graphs(model: Any, example_inputs: Sequence[Any], compile: Callab
     state: dict = {}  # the compiled callable, once AOT returned it; "done" once stored (or refused)
 
     def store_when_complete() -> None:
-        # the backward graph is compiled at the first backward call, after AOT returned
         compiled = state.get("compiled")
-        if compiled is None or state.get("done"):
-            return
-        plan = getattr(compiled, "aot_plan", None)
-        if plan is not None and plan["training"] and "backward" not in graphs:
+        if compiled is None or state.get("done") or not graphs_complete(compiled, graphs):
             return
         state["done"] = True
         store(found, compiled, graphs)
@@ -284,6 +280,13 @@ def fx_graph_entry(gm: fx.GraphModule) -> dict:
             raise graph_cache.Uncacheable(f"it reads the attribute {node.target}")
         constants[node.target] = graph_cache.describe_object(value, blobs)
     return dict(code=code.src, constants=constants, blobs=blobs)
+
+
+def graphs_complete(compiled: Any, graphs: dict) -> bool:
+    """Whether every graph of an AOT compile has been compiled: a training compile's backward
+    graph compiles at its first backward call, after AOT returned."""
+    plan = getattr(compiled, "aot_plan", None)
+    return plan is None or not plan["training"] or "backward" in graphs
 
 
 def fx_graph_from_entry(entry: dict) -> Callable:

@@ -92,11 +92,8 @@ def compile_function(flat_fn: Callable, flat_args: Sequence, aot_config: Any, is
 
     def store_when_complete() -> None:
         compiled = state.get("compiled")
-        if compiled is None or state.get("done"):
+        if compiled is None or state.get("done") or not aot_cache.graphs_complete(compiled, graphs):
             return
-        plan = getattr(compiled, "aot_plan", None)
-        if plan is not None and plan["training"] and "backward" not in graphs:
-            return  # the backward graph compiles at the first backward call
         state["done"] = True
         if aot_cache.store(lookup, compiled, graphs, aten):
             _store_at_sizes(at_sizes, lookup)

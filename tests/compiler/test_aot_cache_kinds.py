@@ -61,6 +61,7 @@ def eager(fn, args, seed=0):
 
 
 def check_same(got, want):
+    assert len(got) == len(want)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 

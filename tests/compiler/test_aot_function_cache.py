@@ -10,6 +10,7 @@ from aotforge.compiler import compile_fx_inner
 from aotforge.config import config
 
 from .runtime.conftest import forget_loaded_modules
+from .test_aot_cache_kinds import check_same, dropout_step, inputs
 
 
 @pytest.fixture
@@ -52,21 +53,6 @@ def eager(fn, args, seed=0):
     return outputs, [a.grad for a in args if a.requires_grad]
 
 
-def same(got, want):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
-
-
-def dropout_step(x, w):
-    return torch.nn.functional.dropout(torch.nn.functional.gelu(x @ w), p=0.5, training=True).sum(-1)
-
-
-def inputs(rows=8):
-    generator = torch.Generator().manual_seed(rows)
-    return [torch.randn(rows, 16, generator=generator), torch.randn(16, 8, generator=generator).requires_grad_()]
-
-
 def test_dropout_hit_matches_the_cold_run_and_eager(cache_on, capsys):
     cold, cold_grads, message = run(capsys, dropout_step, inputs())
     assert "AOT miss" in message, message
@@ -74,11 +60,11 @@ def test_dropout_hit_matches_the_cold_run_and_eager(cache_on, capsys):
         warm, warm_grads, message = run(capsys, dropout_step, inputs(), seed=seed)
         assert "AOT hit" in message, message
         want, want_grads = eager(dropout_step, inputs(), seed=seed)
-        same(warm, want)
-        same(warm_grads, want_grads)
+        check_same(warm, want)
+        check_same(warm_grads, want_grads)
         if seed == 0:
-            same(warm, cold)
-            same(warm_grads, cold_grads)
+            check_same(warm, cold)
+            check_same(warm_grads, cold_grads)
 
 
 def test_inference_and_aot_module_hit(cache_on, capsys):
@@ -110,8 +96,8 @@ def test_dynamic_one_entry_serves_every_size(cache_on, capsys):
         got, grads, message = run(capsys, scaled, args, dynamic=True)
         assert "AOT hit" in message, (rows, message)
         want, want_grads = eager(scaled, args)
-        same(got, want)
-        same(grads, want_grads)
+        check_same(got, want)
+        check_same(grads, want_grads)
     assert set(cache_on.glob("compile_*.json")) == entries  # one compiled entry served each size
     assert len(list(cache_on.glob("sizes_*.json"))) == 3  # and is named at each size seen
 
@@ -138,8 +124,8 @@ def test_dynamic_sizes_outside_the_guards_miss(cache_on, capsys):
     got, grads, message = run(capsys, branchy, args, dynamic=True)
     assert "AOT miss" in message, message
     want, want_grads = eager(branchy, args)
-    same(got, want)
-    same(grads, want_grads)
+    check_same(got, want)
+    check_same(grads, want_grads)
 
 
 def mutate_and_alias(x, w):
@@ -211,8 +197,8 @@ def test_what_the_trace_does_not_record_is_not_cached(cache_on, capsys, fn, why)
         got, grads, message = run(capsys, fn, [x])
         assert "AOT compile not cached" in message and why in message, message
         want, want_grads = eager(fn, [x])
-        same(got, want)
-        same(grads, want_grads)
+        check_same(got, want)
+        check_same(grads, want_grads)
     assert not list(cache_on.glob("compile_*.json"))
 
 
@@ -257,8 +243,8 @@ def test_each_key_part_misses_when_changed(cache_on, capsys, monkeypatch, part):
     got, grads, message = run(capsys, scaled, args)
     assert f"AOT miss (changed: {part})" in message, message
     want, want_grads = eager(scaled, args)
-    same(got, want)
-    same(grads, want_grads)
+    check_same(got, want)
+    check_same(grads, want_grads)
 
 
 def only(directory, pattern):
@@ -292,8 +278,8 @@ def test_a_damaged_entry_is_refused_and_rebuilt(cache_on, capsys, damage):
         got, grads, message = run(capsys, scaled, args)
     assert "AOT miss" in message, message
     want, want_grads = eager(scaled, args)
-    same(got, want)
-    same(grads, want_grads)
+    check_same(got, want)
+    check_same(grads, want_grads)
     assert "AOT hit" in run(capsys, scaled, args)[2]  # rebuilt
 
 
@@ -307,7 +293,7 @@ def test_a_damaged_sizes_entry_falls_back_to_the_symbolic_key(cache_on, capsys):
     with pytest.warns(CacheEntryWarning, match="does not match its hash"):
         got, _, message = run(capsys, scaled, args, dynamic=True)
     assert "AOT hit" in message, message  # through the symbolic key, which rewrites the sizes entry
-    same(got, eager(scaled, args)[0])
+    check_same(got, eager(scaled, args)[0])
     run(capsys, scaled, args, dynamic=True)  # no warning: rewritten
 
 

@@ -128,10 +128,13 @@ def _identity_scalar(position: int, value: Any) -> Callable[[fx.Node], bool]:
         and statically_equal(node.args[position], value) and statically_equal(node.kwargs.get("alpha", 1), 1)
 
 
+_ADDS_ZERO = _identity_scalar(1, 0)
+
+
 def _adds_zero(node: fx.Node) -> bool:
     """``x + 0`` is ``x`` for integers, but not for floats: ``-0.0 + 0 == +0.0``. Adding
     ``-0.0`` is the float identity; subtracting ``+0`` too (``-0.0 - 0 == -0.0``)."""
-    if not _identity_scalar(1, 0)(node):
+    if not _ADDS_ZERO(node):
         return False
     dtype = getattr(node.meta.get("val"), "dtype", None)
     if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):

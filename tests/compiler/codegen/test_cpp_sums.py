@@ -12,21 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aotforge.compiler import compile_fx_inner
 from aotforge.compiler.runtime import cpp_build
-from aotforge.config import config
 
-from ..helpers import trace
+from .test_cpp import compile_cpp
 
 pytestmark = pytest.mark.skipif(cpp_build.compiler_problem() is not None, reason="no C++ compiler")
 
 
 def compiled_and_eager(fn, *args):
-    gm = trace(fn, *args)
-    with config.patch(triton_on_cpu=False, cpu_codegen=True):
-        compiled = compile_fx_inner(gm, list(args))
-    graph = compiled.compiled_graph
-    assert graph.path == "cpp" and graph.kernels, graph
+    compiled, graph = compile_cpp(fn, *args)
     return compiled([a.clone() for a in args]), fn(*args), "\n".join(k.source for k in graph.kernels)
 
 
