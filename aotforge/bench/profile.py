@@ -31,7 +31,8 @@ _MARKERS = {
     "library": ("gemm", "cutlass", "cublas", "xmma", "cudnn", "flash", "fmha", "nvjet", "sm90_", "sm80_",
                 "conv", "wgrad", "dgrad", "implicit_convolve", "winograd", "attention", "splitk"),
 }
-TOP_KERNELS = 5
+TOP_KERNELS = 5  # in the printed table; the JSON keeps up to KEPT_KERNELS, to compare compilers kernel by kernel
+KEPT_KERNELS = 300
 
 
 def category(kernel_name: str) -> str:
@@ -50,7 +51,7 @@ class Profile:
     device_ms: dict  # category -> ms per step
     host_ms: float
     launches: float
-    top: list  # (kernel name, ms per step, launches per step), most time first
+    top: list  # (kernel name, ms per step, launches per step), most time first (KEPT_KERNELS)
 
     def total_device_ms(self) -> float:
         return sum(self.device_ms.values())
@@ -108,7 +109,7 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int = 
         entry[1] += 1
     top = sorted(((name, ms, count / steps) for name, (ms, count) in by_name.items()), key=lambda t: -t[1])
     launches = len(kernels) / steps if kernels else sum(1 for e in prof.events() if e.name.startswith("aten::")) / steps
-    return Profile(per_step, host_ms, launches, top[:TOP_KERNELS])
+    return Profile(per_step, host_ms, launches, top[:KEPT_KERNELS])
 
 
 def table(rows: list[tuple[str, str, str, Profile]]) -> str:
@@ -122,6 +123,6 @@ def table(rows: list[tuple[str, str, str, Profile]]) -> str:
     lines.append("")
     for workload, mode, backend, prof in rows:
         if prof.top:
-            kernels = "; ".join(f"{name[:60]} {ms:.3f} ms x{count:.0f}" for name, ms, count in prof.top)
+            kernels = "; ".join(f"{name[:60]} {ms:.3f} ms x{count:.0f}" for name, ms, count in prof.top[:TOP_KERNELS])
             lines.append(f"- {workload} {mode} {backend}: {kernels}")
     return "\n".join(lines)

@@ -34,6 +34,11 @@ class FloorDiv(sympy.Function):
                 return sympy.Add(*[t / divisor for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
         if base.is_Mul and _divides(divisor, base):
             return base / divisor
+        # ((a // d) % m) // k == (a // (d*k)) % (m // k) when k divides m
+        if isinstance(base, ModularIndexing) and divisor.is_Integer and base.args[2].is_Integer \
+                and int(base.args[2]) % int(divisor) == 0:
+            a, d, m = base.args
+            return ModularIndexing(a, d * divisor, m / divisor)
         return None
 
 
@@ -59,6 +64,12 @@ class ModularIndexing(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
             return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        # ((a // b) // d) % m == (a // (b*d)) % m: one form, so that simplify_index can merge
+        # the pieces of a view's index back together (BERT's softmax backward read its row sums
+        # through 6144*FloorDiv(i, 12) + 512*ModularIndexing(i, 1, 12) with i = xindex // 512,
+        # which is 512*i: unmerged, the fusion pass took it for another element)
+        if isinstance(base, FloorDiv):
+            return ModularIndexing(base.args[0], base.args[1] * divisor, modulus)
         # whole multiples of divisor*modulus never change the result
         if base.is_Add:
             period = divisor * modulus

@@ -123,6 +123,22 @@ def test_direct_launches_follow_the_arguments_alignment():
     assert any(len(entries) == 2 for entries in found.values()), found
 
 
+@pytest.mark.parametrize("columns", [30522, 1000])
+def test_wide_column_sum_matches_eager(columns):
+    """A sum down the columns of a wide tensor (BERT's MLM bias gradient) is cut into pieces
+    (lowering/reductions.py): the pieces and their second pass give eager's values, in float32
+    and in bf16, for a column count that is and one that is not a multiple of the tile."""
+    fn = lambda g, z: ((g * z.exp()).sum(0), g.sum(0, keepdim=True))
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        g = torch.randn(8192, columns, device="cuda").to(dtype)
+        z = torch.randn(8192, columns, device="cuda").to(dtype)
+        compiled = compile_fx_inner(make_fx_graph(fn, g, z), [g, z])
+        expected = fn(g.double(), z.double())
+        for actual, wanted in zip(compiled([g, z]), expected):
+            assert actual.dtype == dtype and actual.shape == wanted.shape
+            assert _relative_error(actual, wanted) < tolerance
+
+
 def make_fx_graph(fn, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
 
