@@ -278,6 +278,7 @@ def solve_min_cut(
             node.op == "placeholder"
             or _always_banned(node)
             or (_banned(node) and node in info.forward and node not in recomputable)
+            or _cast_for_library_calls(node, info)
         ):
             network.add_edge(SOURCE, node_in)
         cost = save_cost(node, info)
@@ -311,6 +312,31 @@ def solve_min_cut(
 def _banned(node: fx.Node) -> bool:
     """Not recomputable at budget 1: compute-heavy, random or unknown ops."""
     return node.op == "call_function" and op_costs.op_kind(node) not in op_costs.RECOMPUTABLE_KINDS
+
+
+def _cast_for_library_calls(node: fx.Node, info: JointInfo) -> bool:
+    """A cast (or copy) that library calls read in both the forward and the backward: the
+    forward has it in memory anyway, and a recomputed one is a pass over memory of its own in
+    the backward, since a matmul cannot fuse it. BERT's backward recast its weights to bf16
+    (73 launches) and its 12 attention-probability tensors (3.6 GB moved) for its matmuls."""
+    if node.op != "call_function" or node not in info.forward or op_costs.op_kind(node) != op_costs.CAST:
+        return False
+    readers = _readers_through_views(node, info)
+    return any(u in info.forward for u in readers) and any(u not in info.forward for u in readers)
+
+
+def _readers_through_views(node: fx.Node, info: JointInfo) -> list[fx.Node]:
+    """The library calls (matmul, convolution, attention) that read ``node`` or a view of it."""
+    out, pending = [], list(node.users)
+    while pending:
+        user = pending.pop()
+        if user not in info.live or user.op != "call_function":
+            continue
+        if op_costs.is_view(user):
+            pending.extend(user.users)
+        elif op_costs.op_kind(user) == op_costs.COMPUTE:
+            out.append(user)
+    return out
 
 
 def _always_banned(node: fx.Node) -> bool:

@@ -419,3 +419,32 @@ def test_dropout_mask_is_saved_not_redrawn_in_the_backward():
     (forward,), (backward,) = [[g for g in graphs if g.kind == kind] for kind in ("forward", "backward")]
     assert "tl.rand(" in forward.kernel_source and "tl.rand(" not in backward.kernel_source
     assert any(b is not None and b.dtype == torch.bool for b in backward.lowered.inputs)
+
+
+def test_a_cast_both_passes_multiply_with_is_saved_not_recast() -> None:
+    """Autocast's pattern: attention probabilities (and a weight) cast once for the forward's
+    matmul are saved for the backward's, not cast again there: a recast is a pass of its own
+    over memory, since a matmul cannot fuse it, even where its source is saved anyway (the
+    softmax backward reads the float64 probabilities). A cast only one pass reads is not kept."""
+
+    def f(x, w):
+        p = (x @ w).softmax(-1)
+        p32 = p.to(torch.float32)
+        return (p32 @ w.to(torch.float32)).sum() + x.to(torch.float32).sin().sum()
+
+    x, w = torch.randn(6, 8, dtype=torch.float64), torch.randn(8, 8, dtype=torch.float64)
+    joint = _joint_of(f, x, w)
+    fw, bw = partition(joint)
+    def feeds_a_matmul(node):
+        return any(op_costs.op_kind(u) == op_costs.COMPUTE or (op_costs.is_view(u) and feeds_a_matmul(u))
+                   for u in node.users)
+
+    recast = [n.name for n in bw.graph.nodes
+              if n.op == "call_function" and op_costs.op_kind(n) == op_costs.CAST and feeds_a_matmul(n)]
+    assert recast == [], recast
+    assert len([n for n in saved_nodes(fw, joint.num_fwd_outputs) if n.meta["val"].dtype == torch.float32]) == 2
+    tangents = make_tangents(joint)
+    assert_close_lists(
+        sum(run_partitioned(fw, bw, joint.primals, tangents, joint.num_fwd_outputs), []),
+        run_joint(joint.module, joint.primals, tangents),
+    )

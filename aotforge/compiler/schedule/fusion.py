@@ -278,16 +278,21 @@ def _kernel_kind(group: _Group, reads: BufferReads) -> tuple[str, bool]:
 
 
 def _reduction_contiguous(group: _Group, reads: BufferReads) -> bool:
+    """Whether every read of the group's reduction walks its row contiguously. One strided
+    read makes the kernel strided: a cross-entropy backward reads its labels along the row
+    but the logits down a column (BERT's MLM bias gradient), and the logits are the bytes."""
     for buffer in group.nodes:
         if isinstance(buffer.body, ReductionBody):
-            stride = _rindex_coefficient(reads, buffer, group.numel, group.rnumel)
-            return stride in (None, 1)
+            return all(stride in (0, 1) for stride in _rindex_coefficients(reads, buffer, group.numel, group.rnumel))
     return True
 
 
-def _rindex_coefficient(reads: BufferReads, buffer: ComputedBuffer, numel: Any, rnumel: Any) -> Optional[Any]:
+def _rindex_coefficients(reads: BufferReads, buffer: ComputedBuffer, numel: Any, rnumel: Any) -> list[Any]:
+    """The step in memory of each of the buffer's reads per step along the row."""
+    out = []
     for _, index in reads.in_kernel(buffer, numel, rnumel) or []:
         coefficient = sympy.expand(index).coeff(RINDEX)
-        if coefficient != 0 and not coefficient.free_symbols & {XINDEX, RINDEX}:
-            return int(coefficient) if coefficient.is_Integer else coefficient
-    return None
+        if coefficient.free_symbols & {XINDEX, RINDEX}:
+            continue  # walks the row through an integer division: no single step
+        out.append(int(coefficient) if coefficient.is_Integer else coefficient)
+    return out

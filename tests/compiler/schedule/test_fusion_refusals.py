@@ -47,3 +47,14 @@ def test_refusals_are_printed_beside_the_kernel_plan(tmp_path, monkeypatch):
     assert refusals == plan + 1, names
     text = next(f for f in tmp_path.rglob("*fusion_refusals*")).read_text()
     assert "buf1 not in kernel0: a reduction of another shape" in text
+
+
+def test_one_strided_read_makes_a_reduction_strided():
+    """A cross-entropy backward's bias gradient reads its per-row weights along the row and the
+    logits down a column; the kernel walks column tiles whichever read comes first."""
+    g, w = torch.randn(256, 100), torch.randn(256)
+    for fn in (lambda g, w: ((w[:, None] * g.exp()).sum(0),), lambda g, w: ((g.exp() * w[:, None]).sum(0),)):
+        (kernel,) = _plan(fn, g, w).kernels()
+        assert (kernel.kind, kernel.reduction_contiguous) == ("looped", False)
+    (kernel,) = _plan(lambda g, w: ((g.exp() * w[None, :100]).sum(1),), g, w).kernels()
+    assert kernel.reduction_contiguous
