@@ -10,6 +10,7 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from .. import op_table
+from . import eager_rounding
 
 aten = torch.ops.aten
 
@@ -57,6 +58,11 @@ def _table() -> dict:
         table.pop(getattr(aten.lerp, overload), None)
     table.pop(aten.addcmul.default, None)
     table[aten.addcdiv.default] = functools.partial(_addcdiv, table.get(aten.addcdiv.default))
+    # ops whose eager CPU kernel rounds its own way (MKL, Sleef, Welford: eager_rounding.py) are
+    # traced whole for CPU tensors when the C++ path keeps eager's bits (config.cpu_eager_bits)
+    for op, decomposition in list(table.items()):
+        if eager_rounding.eager_rounding(op) is not None:
+            table[op] = eager_rounding.keep_whole_on_cpu(op, decomposition)
     return table
 
 

@@ -43,6 +43,7 @@ from typing import Any, Optional
 import sympy
 import torch
 
+from ...config import config
 from .. import index_checks
 from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
@@ -94,6 +95,12 @@ class CppPrinter(Printer):
     # a long reduction over few outputs is not cut into partial reductions plus a second pass:
     # a GPU needs the pieces to fill its cores, a CPU thread walks a row at full speed
     lowering_config = {"split_reduction_threshold": 2**62}
+
+    @property
+    def keeps_eager_rounding(self) -> bool:  # type: ignore[override]
+        # eager's CPU kernels round exp, sqrt, GELU, LayerNorm... their own way (MKL, Sleef,
+        # Welford): with cpu_eager_bits those ops stay ATen calls (compiler/eager_rounding.py)
+        return config.cpu_eager_bits
 
     def index(self, expr: sympy.Expr) -> str:
         # every index variable is an int64_t, and sizes are non-negative: C++'s ``/`` floors
