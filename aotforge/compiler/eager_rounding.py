@@ -60,6 +60,8 @@ EAGER_ROUNDING: dict[Any, str] = {
     aten.native_group_norm_backward: "ATen's vectorized sums",
     aten.var: "Welford moments", aten.var_mean: "Welford moments",
     aten.std: "Welford moments and MKL's sqrt", aten.std_mean: "Welford moments and MKL's sqrt",
+    aten.nll_loss_forward: "ATen's own cascade sum of the losses (eight levels)",
+    aten.nll_loss2d_forward: "ATen's own cascade sum of the losses (eight levels)",
     aten.linalg_vector_norm: "ATen's norm kernel (its own sums, MKL's sqrt)",
     aten.norm: "ATen's norm kernel (its own sums, MKL's sqrt)",
 }
