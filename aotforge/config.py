@@ -57,7 +57,7 @@ class Config:
     # On the C++ path, ops whose eager CPU kernel rounds in a library-specific way (MKL's exp,
     # log, sqrt, tanh...; Sleef's; GELU's erf polynomial; Welford moments of LayerNorm and var)
     # stay ATen calls, so that a compiled graph gives eager's bits; everything around them
-    # still fuses (compiler/eager_rounding.py has the table and each op's reason). Off: they
+    # still fuses (aotforge/eager_rounding.py has the table and each op's reason). Off: they
     # fuse into our kernels with the C library's math (faster, an ulp off eager's here and there).
     cpu_eager_bits: bool = True
     # Autotune large reductions over a few block sizes (results cached on disk). Off by

@@ -7,7 +7,7 @@ failed with "cannot evaluate the symbolic size"). Compared with ``backend="eager
 Dynamo compiles into the same frames: the same number of graphs, the same losses and
 parameters, bit for bit on both CPU paths: the ATen path runs eager's kernels, the C++ path
 keeps the ops whose eager kernel rounds its own way (GELU, LayerNorm, exp, sqrt...) as ATen
-calls (config.cpu_eager_bits, compiler/eager_rounding.py) and sums as eager does."""
+calls (config.cpu_eager_bits, aotforge/eager_rounding.py) and sums as eager does."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""The table of ops whose eager CPU kernel rounds its own way (compiler/eager_rounding.py),
+"""The table of ops whose eager CPU kernel rounds its own way (aotforge/eager_rounding.py),
 grounded in what eager computes here (issue 37).
 
 Every elementwise instruction and reduction the C++ printer spells (codegen/cpp_ops.py) is
@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import aotforge  # noqa: F401  (registers the backends)
-from aotforge.compiler import compile_fx_inner, eager_rounding
+from aotforge import eager_rounding
+from aotforge.compiler import compile_fx_inner
+from aotforge.compiler.decompositions import eager_rounding_active
 from aotforge.compiler.codegen import cpp_ops
 from aotforge.compiler.lowering.pointwise import POINTWISE_TABLE
 from aotforge.compiler.runtime import cpp_build
@@ -225,8 +227,32 @@ def test_off_the_table_ops_fuse_with_our_own_math():
 
 def test_the_table_is_off_on_the_aten_path_and_for_triton():
     with config.patch(cpu_codegen=False):
-        assert not eager_rounding.active()
+        assert not eager_rounding_active()
     with config.patch(cpu_eager_bits=False):
-        assert not eager_rounding.active()
+        assert not eager_rounding_active()
+    with config.patch(triton_on_cpu=True):
+        assert not eager_rounding_active()
     with config.patch(cpu_codegen=True, cpu_eager_bits=True):
-        assert eager_rounding.active()
+        assert eager_rounding_active()
+
+
+def test_the_backward_reads_saved_outputs_of_eager_kernels_not_recomputes_them():
+    """GELU, LayerNorm, exp and sqrt stay eager's kernels: a backward that recomputed them
+    would pay a whole unfused pass of each again (partition/op_costs.py saves them)."""
+    from aotforge.compiler import observe
+
+    x, w = torch.rand(64, 37, requires_grad=True), torch.randn(37)
+    fn = lambda x, w: F.layer_norm(F.gelu(x * 2), (37,), w).exp().sum(-1) + x.sqrt().sum(-1)  # noqa: E731
+    torch._dynamo.reset()
+    with config.patch(cpu_codegen=True), observe() as graphs:
+        out = torch.compile(fn, backend="aotforge")(x, w)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+    torch._dynamo.reset()
+    x_eager = x.detach().requires_grad_(True)
+    expected = fn(x_eager, w)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x_eager)
+    assert torch.equal(out, expected) and torch.equal(grad, expected_grad)
+    forward, backward = graphs
+    assert {"aten.gelu.default", "aten.native_layer_norm.default"} <= set(forward.lowered.fallback_ops)
+    recomputed = {"aten.gelu.default", "aten.native_layer_norm.default", "aten.exp.default", "aten.sqrt.default"}
+    assert not recomputed & set(backward.lowered.fallback_ops), backward.lowered.fallback_ops

@@ -99,7 +99,7 @@ class CppPrinter(Printer):
     @property
     def keeps_eager_rounding(self) -> bool:  # type: ignore[override]
         # eager's CPU kernels round exp, sqrt, GELU, LayerNorm... their own way (MKL, Sleef,
-        # Welford): with cpu_eager_bits those ops stay ATen calls (compiler/eager_rounding.py)
+        # Welford): with cpu_eager_bits those ops stay ATen calls (aotforge/eager_rounding.py)
         return config.cpu_eager_bits
 
     def index(self, expr: sympy.Expr) -> str:

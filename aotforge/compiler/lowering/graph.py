@@ -24,7 +24,7 @@ from ..dtypes import KERNEL_DTYPES
 from ..host_scalars import HOST_SCALAR_TO_DEVICE
 from ..ops import ReadRecorder, use_handler
 from ..sizes import STATIC, SizeVars, to_expr
-from .. import eager_rounding as rounding_table
+from ... import eager_rounding as rounding_table
 from .registry import LOWERINGS, LoweringContext, NotLowerable
 
 # A value used by several consumers is recomputed in each (fusing it) when it is this cheap;
@@ -47,7 +47,7 @@ MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torc
 def lower(gm: fx.GraphModule, sizes: SizeVars = STATIC, *, eager_rounding: bool = False) -> ir.LoweredGraph:
     """The lowering stage: every node of ``gm`` in loop IR or as an ATen call. ``sizes`` says
     what the graph's symbolic sizes are (see sizes.py). ``eager_rounding``: ops whose eager
-    kernel rounds its own way (compiler/eager_rounding.py) run as ATen calls."""
+    kernel rounds its own way (aotforge/eager_rounding.py) run as ATen calls."""
     return GraphLowering(gm, sizes, eager_rounding=eager_rounding).run().result()
 
 

@@ -8,7 +8,7 @@ divides on the CPU, torch's decomposition divided first. Each now matches eager 
 
 Eager's sqrt is MKL's (on this machine 14% of float32 roots one ulp away from the correctly
 rounded value): with ``cpu_eager_bits`` (the default) it stays an ATen call on the C++ path
-(compiler/eager_rounding.py), so the parameters of an AdamW step are eager's bit for bit too."""
+(aotforge/eager_rounding.py), so the parameters of an AdamW step are eager's bit for bit too."""
 from __future__ import annotations
 
 import pytest

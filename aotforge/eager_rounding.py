@@ -13,7 +13,9 @@ step 0. With ``config.cpu_eager_bits`` (the default) the C++ path keeps these op
 decomposition table leaves the composite ones undecomposed while tracing CPU tensors, and the
 lowering runs every op here as an ATen call; everything around them still fuses into C++.
 
-Grounded by tests/compiler/codegen/test_eager_rounding.py: every elementwise and reduction
+Used by the decomposition table and the lowering (compiler/) and by the partitioner, which
+saves these ops' outputs rather than recompute them (partition/op_costs.py). Grounded by
+tests/compiler/test_eager_rounding.py: every elementwise and reduction
 instruction the C++ printer spells is compared with eager bit for bit on 10^5 float32 and
 float64 values; those that differ are here, those that do not are absent.
 """
@@ -94,30 +96,16 @@ def eager_rounding(op: Any, node: Optional[Any] = None) -> Optional[str]:
     return reason
 
 
-def active() -> bool:
-    """Whether graphs traced now for CPU tensors keep eager's rounding: the C++ path is taken
-    (cpu_codegen on, a working compiler, not Triton's interpreter) and cpu_eager_bits is on."""
-    from ..config import config
+def chosen_by_config() -> bool:
+    """Whether the configuration asks CPU graphs for eager's rounding: C++ code generation on,
+    ``cpu_eager_bits`` on, not Triton's interpreter (the compiler also needs a working C++
+    compiler: compiler/decompositions.py's ``eager_rounding_active``)."""
+    from .config import config
 
-    if not (config.cpu_eager_bits and config.cpu_codegen) or config.triton_on_cpu:
-        return False
-    from .runtime import cpp_build  # (probes the compiler once per process)
-
-    return cpp_build.compiler_problem() is None
+    return config.cpu_eager_bits and config.cpu_codegen and not config.triton_on_cpu
 
 
-def keep_whole_on_cpu(op: Any, decomposition: Callable) -> Callable:
-    """``decomposition`` of a table op, declined (the op is traced whole) for CPU tensors while
-    ``active()``: the C++ path then runs eager's kernel."""
-    def decompose(*args: Any, **kwargs: Any) -> Any:
-        if active() and _on_cpu(args, kwargs):
-            return NotImplemented  # (the tracer then records the op itself)
-        return decomposition(*args, **kwargs)
-    decompose.__name__ = getattr(decomposition, "__name__", "decompose")
-    decompose.__wrapped__ = decomposition  # type: ignore[attr-defined]
-    return decompose
-
-
-def _on_cpu(args: Any, kwargs: Any) -> bool:
-    tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+def on_cpu(values: Any) -> bool:
+    """Whether the tensors among ``values`` (nested) all live on the CPU, and there is one."""
+    tensors = [a for a in torch.utils._pytree.tree_leaves(values) if isinstance(a, torch.Tensor)]
     return bool(tensors) and all(t.device.type == "cpu" for t in tensors)
