@@ -54,6 +54,12 @@ class Config:
     # c++, g++ or clang++; flags from AOTFORGE_CXXFLAGS are added). Off, or with no working
     # compiler, they run as their own ATen calls (eager's kernels).
     cpu_codegen: bool = True
+    # On the C++ path, ops whose eager CPU kernel rounds in a library-specific way (MKL's exp,
+    # log, sqrt, tanh...; Sleef's; GELU's erf polynomial; Welford moments of LayerNorm and var)
+    # stay ATen calls, so that a compiled graph gives eager's bits; everything around them
+    # still fuses (aotforge/eager_rounding.py has the table and each op's reason). Off: they
+    # fuse into our kernels with the C library's math (faster, an ulp off eager's here and there).
+    cpu_eager_bits: bool = True
     # Autotune large reductions over a few block sizes (results cached on disk). Off by
     # default: measured on nanoGPT-124M (H100), the heuristic's first choice ran a step as fast
     # as the tuned choices, and tuning tripled the reductions' compiles. mode="max-autotune"

@@ -10,6 +10,7 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from .. import op_table
+from .. import eager_rounding
 
 aten = torch.ops.aten
 
@@ -57,7 +58,33 @@ def _table() -> dict:
         table.pop(getattr(aten.lerp, overload), None)
     table.pop(aten.addcmul.default, None)
     table[aten.addcdiv.default] = functools.partial(_addcdiv, table.get(aten.addcdiv.default))
+    # ops whose eager CPU kernel rounds its own way (MKL, Sleef, Welford: eager_rounding.py) are
+    # traced whole for CPU tensors when the C++ path keeps eager's bits (config.cpu_eager_bits)
+    for op, decomposition in list(table.items()):
+        if eager_rounding.eager_rounding(op) is not None:
+            table[op] = _keep_whole_on_cpu(decomposition)
     return table
+
+
+def eager_rounding_active() -> bool:
+    """Whether graphs traced now for CPU tensors keep eager's rounding: the configuration asks
+    for it (eager_rounding.chosen_by_config) and the C++ path is taken (a working compiler)."""
+    if not eager_rounding.chosen_by_config():
+        return False
+    from .runtime import cpp_build  # (probes the compiler once per process)
+
+    return cpp_build.compiler_problem() is None
+
+
+def _keep_whole_on_cpu(decomposition: Callable) -> Callable:
+    """``decomposition`` of an op of eager_rounding's table, declined (the op is traced whole)
+    for CPU tensors while ``eager_rounding_active()``: the C++ path then runs eager's kernel."""
+    @functools.wraps(decomposition)
+    def decompose(*args, **kwargs):
+        if eager_rounding_active() and eager_rounding.on_cpu((args, kwargs)):
+            return NotImplemented  # (the tracer then records the op itself)
+        return decomposition(*args, **kwargs)
+    return decompose
 
 
 def _addcdiv(decomposition, self, tensor1, tensor2, *, value=1):

@@ -181,7 +181,7 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
         gm = passes.library_call_passes(gm, kind)              # padded matmuls, scatter-add accumulation
     printer = _printer(gm)
     with clock("lower"), config.patch(**printer.lowering_config):
-        lowered = lower(gm, sizes)                         # LoweredGraph: buffers and their bodies
+        lowered = lower(gm, sizes, eager_rounding=printer.keeps_eager_rounding)  # LoweredGraph
     debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
     with clock("schedule"):
         reads = analyze_reads(lowered)                     # BufferReads: who reads what, once

@@ -36,6 +36,7 @@ import torch.fx as fx
 
 from .. import op_table
 from ..torch_versions import optimization_size_hint
+from .. import eager_rounding
 from ..op_table import (CAST, COLLECTIVE, COMPUTE, CREATION, GETITEM, INDEXING, POINTWISE, RANDOM,  # noqa: F401
                         REDUCTION, UNKNOWN, VIEW, packet_of)
 
@@ -59,7 +60,18 @@ def op_kind(node: fx.Node) -> str:
         return UNKNOWN
     if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return SYMBOLIC
+    if _eager_kernel_call(node):
+        return COMPUTE
     return op_table.kind(node.target)
+
+
+def _eager_kernel_call(node: fx.Node) -> bool:
+    """Whether ``node`` stays a call of eager's CPU kernel on the C++ path (its rounding is
+    the library's: aotforge/eager_rounding.py). A backward that recomputed it would pay a
+    whole pass of that kernel again, unfused (GELU and LayerNorm: about a quarter of an MLP
+    step), so the partitioner saves its output like the other library calls'."""
+    return (eager_rounding.eager_rounding(node.target, node) is not None and eager_rounding.chosen_by_config()
+            and eager_rounding.on_cpu(node.meta.get("val")))
 
 
 def is_view(node: fx.Node) -> bool:

@@ -32,6 +32,19 @@ from .joints import (
 BUDGETS = [1.0, 0.5, 0.0]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def fused_math():
+    """The min-cut's choices over ops the compiler fuses: with eager's rounding kept on the C++
+    path (config.cpu_eager_bits) GELU and its kind stay library calls, which are saved, never
+    recomputed (tests/compiler/test_eager_rounding.py checks that); here they are fused math."""
+    from aotforge.config import config
+
+    saved = config.cpu_eager_bits
+    config.cpu_eager_bits = False
+    yield
+    config.cpu_eager_bits = saved
+
+
 @functools.lru_cache(maxsize=None)
 def joint_for(name: str, frontend: str = "torch"):
     return capture_joint(CASES[name], frontend=frontend)

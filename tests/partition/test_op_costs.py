@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from aotforge.config import config
 from aotforge.partition import op_costs
 
 
@@ -25,7 +26,11 @@ def test_kinds_of_common_ops() -> None:
         x,
     )
     assert op_costs.op_kind(nodes["mm"]) == op_costs.COMPUTE
-    assert op_costs.op_kind(nodes["gelu"]) == op_costs.POINTWISE
+    with config.patch(cpu_eager_bits=False):
+        assert op_costs.op_kind(nodes["gelu"]) == op_costs.POINTWISE
+    # eager's CPU GELU kernel, kept on the C++ path for its rounding: saved like a library call
+    with config.patch(cpu_eager_bits=True, cpu_codegen=True):
+        assert op_costs.op_kind(nodes["gelu"]) == op_costs.COMPUTE
     assert op_costs.op_kind(nodes["t"]) == op_costs.VIEW
     assert op_costs.op_kind(nodes["sum"]) == op_costs.REDUCTION
     assert op_costs.op_kind(nodes["native_dropout"]) == op_costs.RANDOM
@@ -37,7 +42,8 @@ def test_kinds_of_common_ops() -> None:
 def test_ops_missing_from_the_table_use_tags_then_stay_unknown() -> None:
     # aten.hypot is in no table but is tagged pointwise; a custom op is unknown
     nodes = _nodes(lambda a: torch.hypot(a, a), torch.randn(3))
-    assert op_costs.op_kind(nodes["hypot"]) == op_costs.POINTWISE
+    with config.patch(cpu_eager_bits=False):  # (else eager's CPU kernel is kept: eager_rounding.py)
+        assert op_costs.op_kind(nodes["hypot"]) == op_costs.POINTWISE
 
     @torch.library.custom_op("aotforge_test::opaque", mutates_args=())
     def opaque(a: torch.Tensor) -> torch.Tensor:

@@ -43,13 +43,14 @@ from typing import Any, Optional
 import sympy
 import torch
 
+from ...config import config
 from .. import index_checks
 from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
 from .kernel import KernelShape, Printer, RowLoop, print_index
 from .cpp_ops import ACCUMULATE, ARITHMETIC, BEATS, CPP_STORAGE_TYPE, CPP_TYPE, PREDICATES, PRELUDE, spell
-from .cpp_sums import (SUM_PRELUDE, blocks_in_cascade, cascaded, columns_in_cascade, row_in_cascade, split_off_sums,
-                       split_rows_in_cascade, sum_accumulators)
+from .cpp_sums import (SUM_PRELUDE, blocks_in_cascade, cascaded, column_groups, columns_in_cascade,
+                       columns_in_row_sum_order, row_in_cascade, split_off_sums, split_rows_in_cascade, sum_accumulators)
 
 # the OpenMP reduction of each combine instruction (aot_max/aot_min: the prelude's, which
 # propagate NaN as eager does; OpenMP's max would drop it)
@@ -94,6 +95,12 @@ class CppPrinter(Printer):
     # a long reduction over few outputs is not cut into partial reductions plus a second pass:
     # a GPU needs the pieces to fill its cores, a CPU thread walks a row at full speed
     lowering_config = {"split_reduction_threshold": 2**62}
+
+    @property
+    def keeps_eager_rounding(self) -> bool:  # type: ignore[override]
+        # eager's CPU kernels round exp, sqrt, GELU, LayerNorm... their own way (MKL, Sleef,
+        # Welford): with cpu_eager_bits those ops stay ATen calls (aotforge/eager_rounding.py)
+        return config.cpu_eager_bits
 
     def index(self, expr: sympy.Expr) -> str:
         # every index variable is an int64_t, and sizes are non-negative: C++'s ``/`` floors
@@ -283,26 +290,44 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
 
     column = ["const int64_t xindex = xo + xi;", "constexpr bool xmask = true;"] + before
     initial = [tiled(re.sub(r"^\S+ (\w+) =", r"\1 =", line)) for line in loop.prelude]  # (declared above)
-    out = ["    " + ERROR_LOCALS, "    " + _parallel_for("xnumel * rnumel"),
-           f"    for (int64_t xo = 0; xo < xnumel; xo += {COLUMN_TILE}) {{",
-           f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
+    # floating sums: each column's rows in steps whose partial sums move up a cascade (cpp_sums);
+    # the columns after ATen's groups of columns take its row_sum order, in tiles of their own
+    declare, header, cascade, fold = columns_in_cascade(loop.reductions, COLUMN_TILE)
+    sums = bool(sum_accumulators(loop.reductions))
+    groups = column_groups(loop.reductions) if sums else None
+    out = ["    " + ERROR_LOCALS]
+    if groups is None:
+        out += ["    " + _parallel_for("xnumel * rnumel"),
+                f"    for (int64_t xo = 0; xo < xnumel; xo += {COLUMN_TILE}) {{",
+                f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, xnumel - xo);"]
+    else:
+        out += [f"    const int64_t aot_full = {groups};",
+                f"    const int64_t aot_head = (aot_full + {COLUMN_TILE - 1}) / {COLUMN_TILE};",
+                f"    const int64_t aot_tiles = aot_head + (xnumel - aot_full + {COLUMN_TILE - 1}) / {COLUMN_TILE};",
+                "    " + _parallel_for("xnumel * rnumel"),
+                "    for (int64_t aot_t = 0; aot_t < aot_tiles; ++aot_t) {",
+                "        const bool aot_tail = aot_t >= aot_head;",
+                f"        const int64_t xo = aot_tail ? aot_full + (aot_t - aot_head) * {COLUMN_TILE} : aot_t * {COLUMN_TILE};",
+                f"        const int64_t xcount = std::min<int64_t>({COLUMN_TILE}, (aot_tail ? xnumel : aot_full) - xo);"]
     out += [f"        {CPP_TYPE[dtype]} {name}[{COLUMN_TILE}];" for _, name, dtype in loop.reductions]
     out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"] + ["            " + line for line in column + initial]
     out += ["        }"]
-    # floating sums: each column's rows in steps whose partial sums move up a cascade (cpp_sums)
-    declare, header, cascade, fold = columns_in_cascade(loop.reductions, COLUMN_TILE)
-    sums = bool(sum_accumulators(loop.reductions))
+    row = (["constexpr bool rmask = true;", "#pragma omp simd", "for (int64_t xi = 0; xi < xcount; ++xi) {"]
+           + ["    " + tiled(line) for line in column + loop.body] + ["}"])
+    if groups is not None:
+        out += ["        if (aot_tail) {"]
+        out += ["            " + line for line in columns_in_row_sum_order(loop.reductions, COLUMN_TILE, row)]
+        out += ["        } else {"]
     if sums:
         out += ["        " + line for line in declare] + ["        " + line for line in header.split("\n")]
     else:
         out += ["        for (int64_t rindex = 0; rindex < rnumel; ++rindex) {"]
-    out += ["            constexpr bool rmask = true;", "            #pragma omp simd",
-            "            for (int64_t xi = 0; xi < xcount; ++xi) {"]
-    out += ["                " + tiled(line) for line in column + loop.body]
-    out += ["            }", "        }"]
+    out += ["            " + line for line in row] + ["        }"]
     if sums:
         out += ["        " + line for line in cascade] + ["        }", "        for (int64_t xi = 0; xi < xcount; ++xi) {"]
         out += ["            " + line for line in fold] + ["        }"]
+    if groups is not None:
+        out += ["        }"]
     out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"]
     out += ["            " + tiled(line) for line in column + loop.after]
     return out + ["        }"] + ["    }", f"    {RETURN}", "}"]

@@ -247,3 +247,61 @@ def columns_in_cascade(reductions: list, tile: int) -> tuple[list[str], str, lis
     cascade += ["        }", "        if ((aot_end & (aot_mask << (aot_level * aot_power))) != 0) break;", "    }", "}"]
     fold = [f"{n}[xi] += {n}_up[{level}][xi];" for n in names for level in range(3)]
     return declare, header, cascade, fold
+
+
+def column_groups(reductions: list) -> Optional[str]:
+    """How many leading columns (of ``xnumel``) ATen sums in ``multi_row_sum``'s order: whole
+    groups of four vectors (``vectorized_outer_sum``), or of four columns when there are fewer
+    columns than one vector holds (``scalar_outer_sum``). The columns after them take
+    ``row_sum``'s order (``columns_in_row_sum_order``). None: one order for all (no floating
+    sum, or sums of two dtypes)."""
+    names = sum_accumulators(reductions)
+    dtypes = {dtype for _, name, dtype in reductions if name in names}
+    if len(dtypes) != 1:
+        return None
+    lanes = VECTOR_BYTES // next(iter(dtypes)).itemsize
+    # (one column is a contiguous row to ATen: its own cascade, which the tiles give it)
+    return (f"(xnumel < 2 ? xnumel : xnumel >= {lanes} ? xnumel / {4 * lanes} * {4 * lanes} "
+            f": xnumel / 4 * 4)")
+
+
+def columns_in_row_sum_order(reductions: list, tile: int, row_lines: list[str]) -> list[str]:
+    """A tile of columns after ATen's groups (``column_groups``), each column summed in
+    ``row_sum``'s order: the rows interleaved by four (rindex % 4, each class with its own
+    cascade of levels over rnumel / 4 rows), the rows left over added to the first class after
+    its levels are folded, then the four classes added in order. ``row_lines`` are one row's
+    lines over the tile (its SIMD loop over ``xi``), which add into the accumulator arrays:
+    each sum's name is a pointer to its class's array while they run."""
+    names = sum_accumulators(reductions)
+    dtypes = {name: dtype for _, name, dtype in reductions}
+    out = []
+    for n in names:
+        out += [f"{CPP_TYPE[dtypes[n]]} {n}_cls[4][{tile}] = {{}};", f"{CPP_TYPE[dtypes[n]]} {n}_ilp[4][3][{tile}] = {{}};"]
+    out += ["const int64_t aot_ilp = rnumel / 4;",
+            "const int64_t aot_ipower = std::max<int64_t>(4, aot_ceil_log2(aot_ilp) / 4);",
+            "const int64_t aot_istep = int64_t(1) << aot_ipower, aot_imask = aot_istep - 1;",
+            "for (int64_t aot_i0 = 0; aot_i0 < aot_ilp; aot_i0 += aot_istep) {",
+            "    const int64_t aot_iend = std::min<int64_t>(aot_ilp, aot_i0 + aot_istep);",
+            "    for (int64_t aot_i = aot_i0; aot_i < aot_iend; ++aot_i) {",
+            "        for (int64_t aot_c = 0; aot_c < 4; ++aot_c) {",
+            "            const int64_t rindex = aot_i * 4 + aot_c;"]
+    out += [f"            {CPP_TYPE[dtypes[n]]}* {n} = {n}_cls[aot_c];" for n in names]
+    out += ["            " + line for line in row_lines] + ["        }", "    }"]
+    out += ["    if (aot_iend - aot_i0 == aot_istep) {",
+            "        for (int64_t aot_level = 1; aot_level < 4; ++aot_level) {",
+            "            for (int64_t aot_c = 0; aot_c < 4; ++aot_c) {",
+            "                for (int64_t xi = 0; xi < xcount; ++xi) {"]
+    for n in names:
+        out += [f"                    auto& aot_low_{n} = aot_level == 1 ? {n}_cls[aot_c][xi] "
+                f": {n}_ilp[aot_c][aot_level - 2][xi];",
+                f"                    {n}_ilp[aot_c][aot_level - 1][xi] += aot_low_{n}; aot_low_{n} = 0;"]
+    out += ["                }", "            }",
+            "            if ((aot_iend & (aot_imask << (aot_level * aot_ipower))) != 0) break;",
+            "        }", "    }", "}",
+            "for (int64_t aot_c = 0; aot_c < 4; ++aot_c) {", "    for (int64_t xi = 0; xi < xcount; ++xi) {"]
+    out += [f"        {n}_cls[aot_c][xi] += {n}_ilp[aot_c][{level}][xi];" for n in names for level in range(3)]
+    out += ["    }", "}", "for (int64_t rindex = aot_ilp * 4; rindex < rnumel; ++rindex) {"]
+    out += [f"    {CPP_TYPE[dtypes[n]]}* {n} = {n}_cls[0];" for n in names]
+    out += ["    " + line for line in row_lines] + ["}", "for (int64_t xi = 0; xi < xcount; ++xi) {"]
+    out += [f"    {n}[xi] = (({n}_cls[0][xi] + {n}_cls[1][xi]) + {n}_cls[2][xi]) + {n}_cls[3][xi];" for n in names]
+    return out + ["}"]

@@ -149,6 +149,7 @@ class Printer:
     whole_rows = True  # a persistent reduction holds its whole row at once
     body_indent = "    "  # of the kernel's body lines, under the header
     lowering_config: dict = {}  # config the target lowers under (its own choices of loop shapes)
+    keeps_eager_rounding = False  # ops eager rounds its own way stay ATen calls (eager_rounding.py)
     numel_anchor = ", xnumel"  # the header's text before which size parameters are added
 
     def index(self, expr: sympy.Expr) -> str:

@@ -20,6 +20,7 @@ import torch
 from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
 from .kernel import Printer
+from .. import index_checks
 from .triton_ops import (ACCUMULATE, ARITHMETIC, BEATS, COMBINE_FUNCTION, HELPERS, PREDICATES, TRITON_DTYPE,
                          spell)
 
@@ -96,6 +97,12 @@ class TritonPrinter(Printer):
     def wrap_negative(self, value: str, size: str) -> str:
         return f"tl.where({value} < 0, {value} + {size}, {value})"
 
+    def indirect_index(self, value: str, size: str, check: Any) -> str:
+        # checked, never wrapped where eager raises (index_select, gather, embedding): a device
+        # assert on the GPU (the kernel is compiled with debug on: runtime/launch.py), eager's
+        # exception in the interpreter (module_prelude)
+        return f"aot_check_index({value}, {size}, {index_checks.encode(check)})"
+
     def where(self, condition: str, a: str, b: str) -> str:
         return f"tl.where({condition}, {a}, {b})"
 
@@ -160,9 +167,28 @@ class TritonPrinter(Printer):
         return text.replace(f"def {placeholder}(", f"def {name}(", 1)
 
 
+# A kernel that reads an index from a tensor checks it on the GPU with a device assert, as
+# eager's CUDA kernels do (index_select, gather and embedding raise "device-side assert
+# triggered"); Triton compiles asserts only into kernels built with debug on, which launch.py
+# asks for (with its integer-overflow checks off) for kernels that call this helper only.
+CHECK_INDEX_GPU = '''
+@triton.jit
+def aot_check_index(index, size, CHECK: tl.constexpr):
+    position = index
+    if CHECK % 4 == 0:  # advanced indexing (index_checks.py): negatives count from the end
+        position = tl.where(index < 0, index + size, index)
+    inside = (position >= 0) & (position < size)
+    tl.device_assert(inside, "index out of bounds in an indexing operation (aotforge)")
+    return tl.where(inside, position, 0)
+'''
+CHECKS_INDICES = "aot_check_index("  # in a kernel's source: it needs debug on (launch.py)
+
+
 def module_prelude(interpret: bool) -> str:
     """What every module of Triton kernels starts with (the helpers kernels call)."""
-    # the interpreter's libdevice, and a range() its loop bounds work with on every Triton
-    libdevice = ("from aotforge.compiler.runtime.interpret_math import libdevice, range" if interpret
-                 else "from triton.language.extra import libdevice")
-    return f"import triton\nimport triton.language as tl\n{libdevice}\n\n{HELPERS}\n"
+    # the interpreter's libdevice, and a range() its loop bounds work with on every Triton;
+    # its index check raises eager's exception (device asserts do nothing there)
+    libdevice = ("from aotforge.compiler.runtime.interpret_math import aot_check_index, libdevice, range"
+                 if interpret else "from triton.language.extra import libdevice")
+    helpers = HELPERS if interpret else HELPERS + CHECK_INDEX_GPU
+    return f"import triton\nimport triton.language as tl\n{libdevice}\n\n{helpers}\n"

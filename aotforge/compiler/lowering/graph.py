@@ -24,6 +24,7 @@ from ..dtypes import KERNEL_DTYPES
 from ..host_scalars import HOST_SCALAR_TO_DEVICE
 from ..ops import ReadRecorder, use_handler
 from ..sizes import STATIC, SizeVars, to_expr
+from ... import eager_rounding as rounding_table
 from .registry import LOWERINGS, LoweringContext, NotLowerable
 
 # A value used by several consumers is recomputed in each (fusing it) when it is this cheap;
@@ -43,16 +44,18 @@ MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torc
                      torch.ops.aten.baddbmm.default})
 
 
-def lower(gm: fx.GraphModule, sizes: SizeVars = STATIC) -> ir.LoweredGraph:
+def lower(gm: fx.GraphModule, sizes: SizeVars = STATIC, *, eager_rounding: bool = False) -> ir.LoweredGraph:
     """The lowering stage: every node of ``gm`` in loop IR or as an ATen call. ``sizes`` says
-    what the graph's symbolic sizes are (see sizes.py)."""
-    return GraphLowering(gm, sizes).run().result()
+    what the graph's symbolic sizes are (see sizes.py). ``eager_rounding``: ops whose eager
+    kernel rounds its own way (aotforge/eager_rounding.py) run as ATen calls."""
+    return GraphLowering(gm, sizes, eager_rounding=eager_rounding).run().result()
 
 
 class GraphLowering:
-    def __init__(self, gm: fx.GraphModule, sizes: SizeVars = STATIC):
+    def __init__(self, gm: fx.GraphModule, sizes: SizeVars = STATIC, *, eager_rounding: bool = False):
         self.gm = gm
         self.sizes = sizes
+        self.eager_rounding = eager_rounding
         self.operations: list[Any] = []  # ComputedBuffer | ExternCall, in program order
         self.inputs: list[Optional[InputBuffer]] = []
         self.input_names: set[str] = set()
@@ -188,6 +191,8 @@ class GraphLowering:
             container = self.values[node.args[0]]
             return container[node.args[1]]
         lowering = LOWERINGS.get(node.target) if _kernel_dtypes_only(node) and self._on_kernel_device(node) else None
+        if lowering is not None and self.eager_rounding and rounding_table.eager_rounding(node.target, node):
+            lowering = None  # eager's kernel rounds its own way: its bits, as an ATen call
         value_of = self._value_of if lowering is None else self._kernel_operand
         # a SymInt read as a number would add a guard: lowerings see its expression
         args, kwargs = _map_values(fx.node.map_arg((node.args, node.kwargs), value_of),

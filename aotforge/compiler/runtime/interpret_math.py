@@ -83,3 +83,23 @@ def _scalar(value: Any) -> Any:
     if isinstance(value, tl.tensor) and value.handle.data.size == 1:
         return int(value.handle.data.reshape(()))
     return value
+
+
+def aot_check_index(index: Any, size: Any, check: Any) -> tl.tensor:
+    """An index read from a tensor, checked against its dimension's ``size`` under the op's
+    bounds rule (``check``: index_checks.encode), in the interpreter: a bad one raises eager's
+    exception and message (index_checks.index_error), where a GPU kernel's device assert stops
+    the launch (codegen/triton.py's ``aot_check_index``). Masked-off lanes hold their load's
+    ``other`` value, 0, which is in bounds (a size-0 dimension reads nothing)."""
+    from ..index_checks import decode, index_error, wraps_negative
+
+    values, dtype = _unwrap(index)
+    bound = int(np.asarray(_unwrap(size)[0]).reshape(-1)[0])
+    rule = decode(int(np.asarray(_unwrap(check)[0]).reshape(-1)[0]))
+    positions = np.where(values < 0, values + bound, values) if wraps_negative(rule) else values
+    bad = (positions < 0) | (positions >= bound)
+    if bound > 0 and bad.any():
+        error = index_error(rule, int(values[bad].reshape(-1)[0]), bound)
+        error.aotforge_index_check = True  # (the launcher unwraps it from the interpreter's error)
+        raise error
+    return _wrap(np.where(bad, 0, positions).astype(values.dtype), dtype)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ...config import config
+from ..codegen.triton import CHECKS_INDICES
 from ..ir import ceil_pow2
 from . import compile_pool, direct, disk_cache
 from .disk_cache import cache_directory  # noqa: F401  (re-exported: the wrapper and tests use it)
@@ -103,6 +104,10 @@ class Kernel:
             numel, rnumel = self.hints[-2], self.hints[-1]
         self.numel, self.rnumel = numel, rnumel
         self.configs = candidate_configs(kind, numel, rnumel, contiguous)
+        if source and CHECKS_INDICES in source:
+            # its index checks are device asserts, which Triton compiles only with debug on;
+            # debug's integer-overflow checks stay off (they would check every index product)
+            self.configs = [dict(c, debug=True, sanitize_overflow=False) for c in self.configs]
         # read now, while compiling: the first launch (a backward's, in autograd's thread)
         # runs outside the config patches this kernel was compiled under
         self.autotune, self.cache_dir = config.autotune, config.cache_dir
@@ -170,9 +175,16 @@ class Kernel:
     def _launch(self, args: Sequence[Any], chosen: dict) -> Any:
         """Launch through Triton's dispatch; returns the compiled kernel it chose (3.x)."""
         grid = (self._grid(chosen)(args),)
-        if self.dynamic:
-            return self.fn[grid](*args, **chosen)
-        return self.fn[grid](*args, *self.sizes, **chosen)
+        try:
+            if self.dynamic:
+                return self.fn[grid](*args, **chosen)
+            return self.fn[grid](*args, *self.sizes, **chosen)
+        except Exception as error:
+            # Triton's interpreter wraps what a kernel raised (InterpreterError): a bad index
+            # raises eager's exception itself (interpret_math.aot_check_index)
+            if getattr(error.__cause__, "aotforge_index_check", False):
+                raise error.__cause__ from None
+            raise
 
     def _dynamic_numel(self, args: Sequence[Any]) -> int:
         return args[-1] if self.kind == "pointwise" else args[-2] * args[-1]

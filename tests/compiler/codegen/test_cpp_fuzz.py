@@ -2,8 +2,8 @@
 
 Each program is a short random sequence of pointwise ops, reductions, views and broadcasts over
 one or two inputs of a random shape (size-0 and size-1 dimensions included) and dtype (float32,
-float64, int32, int64, bool), with NaN and infinities among float inputs; float programs also
-run their backward. CI runs a few programs with a fixed seed; set AOTFORGE_FUZZ_COUNT (and
+float64, int8, int32, int64, bool), with NaN and infinities among float inputs; float programs
+also run their backward. CI runs 30 programs with a fixed seed; set AOTFORGE_FUZZ_COUNT (and
 AOTFORGE_FUZZ_SEED) for a longer run, e.g. ``AOTFORGE_FUZZ_COUNT=500``. A failure names the
 seed and the program, which replays it alone."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ from aotforge.config import config
 pytestmark = pytest.mark.skipif(cpp_build.compiler_problem() is not None, reason="no C++ compiler")
 
 SEED = int(os.environ.get("AOTFORGE_FUZZ_SEED", "37"))
-COUNT = int(os.environ.get("AOTFORGE_FUZZ_COUNT", "12"))
+COUNT = int(os.environ.get("AOTFORGE_FUZZ_COUNT", "30"))
 
 FLOAT_UNARY = ["exp", "tanh", "sigmoid", "abs", "neg", "sin", "relu", "sqrt_abs", "log1p_abs", "square"]
 INT_UNARY = ["abs", "neg", "square", "floordiv3", "remainder3"]
@@ -33,7 +33,7 @@ VIEWS = ["transpose", "flip_stride", "flatten", "unsqueeze_expand"]
 
 
 def random_program(rng: random.Random) -> dict:
-    dtype = rng.choice([torch.float32, torch.float64, torch.float32, torch.int32, torch.int64, torch.bool])
+    dtype = rng.choice([torch.float32, torch.float64, torch.float32, torch.int32, torch.int64, torch.bool, torch.int8])
     shape = [rng.choice([0, 1, 3, 8, 17, 64]) if rng.random() < 0.2 else rng.choice([1, 3, 8, 17, 64])
              for _ in range(rng.randint(1, 3))]
     steps = []
