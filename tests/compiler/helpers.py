@@ -16,8 +16,8 @@ def trace(fn, *args, decompose: bool = True) -> torch.fx.GraphModule:
 
 def compile_and_run(fn, *args, triton: bool = True, **patches):
     """Compile ``fn`` (graph outputs as a tuple) and run it; returns (outputs, stats)."""
-    gm = trace(fn, *args)
     with config.patch(triton_on_cpu=triton, **patches):
+        gm = trace(fn, *args)  # under the patch: the decompositions depend on the path
         compiled = compile_fx_inner(gm, list(args))
         outputs = compiled([a.clone() if isinstance(a, torch.Tensor) else a for a in args])
     return outputs, compiled.compiled_graph.stats

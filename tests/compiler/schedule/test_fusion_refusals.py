@@ -13,7 +13,7 @@ from ..test_records import _compiled
 
 
 def _column_and_row_sums(x):
-    return x.sum(0), torch.softmax(x, -1)
+    return x.sum(0), x - x.amax(-1, keepdim=True)  # (softmax is an ATen call on the CPU: eager_rounding)
 
 
 def _plan(fn, *args):
@@ -53,8 +53,8 @@ def test_one_strided_read_makes_a_reduction_strided():
     """A cross-entropy backward's bias gradient reads its per-row weights along the row and the
     logits down a column; the kernel walks column tiles whichever read comes first."""
     g, w = torch.randn(256, 100), torch.randn(256)
-    for fn in (lambda g, w: ((w[:, None] * g.exp()).sum(0),), lambda g, w: ((g.exp() * w[:, None]).sum(0),)):
+    for fn in (lambda g, w: ((w[:, None] * g.abs()).sum(0),), lambda g, w: ((g.abs() * w[:, None]).sum(0),)):
         (kernel,) = _plan(fn, g, w).kernels()
         assert (kernel.kind, kernel.reduction_contiguous) == ("looped", False)
-    (kernel,) = _plan(lambda g, w: ((g.exp() * w[None, :100]).sum(1),), g, w).kernels()
+    (kernel,) = _plan(lambda g, w: ((g.abs() * w[None, :100]).sum(1),), g, w).kernels()
     assert kernel.reduction_contiguous
