@@ -46,6 +46,26 @@ def test_pointwise_over_rows_of_a_broadcast_operand(shape):
         assert "for (int64_t x1 = 0; x1 <" in graph.kernel_source
 
 
+@pytest.mark.parametrize("shape", [(4, 6, 8, 16), (3, 5, 4, 4), (2, 3, 5, 7)], ids=["fills", "rows16", "odd"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
+def test_pointwise_per_channel_operands_take_rows_not_divisions(shape, layout):
+    """``ptr[((xindex / HW) % C)]`` (an NCHW per-channel operand) and NHWC's ``xindex % C``:
+    the rows' counters replace the division and the remainder (``_rows_of``), with NaN and
+    infinities, channels-last and strided inputs."""
+    x = f64(*shape)
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[1::11] = float("inf")
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "strided":
+        x = f64(shape[0], shape[1], shape[2], 2 * shape[3])[..., ::2]
+    mean, scale = f64(shape[1]), f64(shape[1])
+    graph = check(lambda x, m, s: (((x - m[:, None, None]) * s[:, None, None]).relu(),), x, mean, scale)
+    rows = shape[2] * shape[3] if layout != "channels_last" else shape[1]
+    if rows >= 8 and layout == "contiguous":
+        assert "/" not in graph.kernel_source.split("for (int64_t x1")[1], graph.kernel_source
+
+
 @pytest.mark.parametrize("shape", [(8, 256), (3, 5)], ids=["long", "short"])
 def test_row_reductions(shape):
     graph = check(lambda x: (x.sum(1), x.amax(1), x.argmax(1), torch.softmax(x, 1), x.var(1)), f64(*shape))
