@@ -384,6 +384,15 @@ def _split_row_loops(lines: list[str], loops: list[RowLoop], shape: KernelShape)
     return out
 
 
+# GCC keeps a floating-point operation whose value only one side of a ``?:`` uses inside that
+# branch (it might trap), and then leaves the loop scalar ("control flow in loop"): ReLU's,
+# hardswish's and the clamps' backwards. Without trapping math it computes both sides and
+# selects, which vectorizes: MobileNetV3's hardswish backward 250 -> 63 us for 131072 floats.
+# Values are unchanged (each operation still rounds as IEEE says; nothing here reads the
+# floating-point exception flags); -ffp-contract=off and -fno-math-errno stay in force.
+NO_TRAPPING_MATH = '#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC optimize ("no-trapping-math")\n#endif\n'
+
+
 def translation_unit(sources: list[str]) -> str:
     """One graph's kernels as one C++ file: the prelude, then each distinct kernel."""
-    return PRELUDE + SUM_PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
+    return NO_TRAPPING_MATH + PRELUDE + SUM_PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
