@@ -85,6 +85,19 @@ def test_selects_of_values_one_side_computes_match_eager_without_trapping_math(n
     assert translation_unit([graph.kernels[0].source]).startswith(cpp.NO_TRAPPING_MATH)
 
 
+@pytest.mark.parametrize("n", [4099, 64])
+def test_bool_buffers_load_and_store_as_bytes_like_eager(n):
+    """bool buffers are uint8_t pointers in the kernels (so that GCC vectorizes them); every
+    bool op still sees 0 or 1: masks written and read back, logical ops, sums and maxima of
+    bools, a strided (non-contiguous) bool input, bools padded with False."""
+    x = torch.randn(n)
+    x[::5] = float("nan")
+    m = torch.rand(2 * n) > 0.5
+    fn = lambda x, m: (x.relu() <= 0, ~m[::2], m[::2] ^ (x > 0), (m[::2] | (x < 0)).sum(), m[::2].amax(),
+                       torch.where(m[::2], x, -x), torch.nn.functional.pad(m[::2], (3, 2)), m[::2].to(torch.float32) * 2)
+    check(fn, x, m)
+
+
 @pytest.mark.parametrize("shape", [(8, 256), (3, 5)], ids=["long", "short"])
 def test_row_reductions(shape):
     graph = check(lambda x: (x.sum(1), x.amax(1), x.argmax(1), torch.softmax(x, 1), x.var(1)), f64(*shape))
