@@ -321,8 +321,8 @@ def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
     as rows of R, R the greatest common divisor of those constants and the size: ``xindex / A``
     becomes ``x0 / (A / R)`` and ``xindex % M`` becomes ``(x0 % (M / R)) * R + x1``, exact
     identities for ``xindex = x0 * R + x1`` (0 <= x1 < R). Per-element division and remainder
-    keep GCC from vectorizing the loop (the conv net's BatchNorm-backward kernel: 2.6 ms a call
-    that way); after it, the inner loop over ``x1`` is contiguous and the broadcast loads are
+    keep GCC from vectorizing the loop (a per-channel mean subtracted from 1M floats: 1.1 ms
+    a call that way, 0.8 ms as rows); after it, the inner loop over ``x1`` is contiguous and the broadcast loads are
     loop-invariant. Only for static sizes, and rows of at least 4 elements."""
     text = "\n".join(lines)
     divisors = [int(d) for d in _DIVISION.findall(text)]
