@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aotforge.compiler import compile_fx_inner
-from aotforge.compiler.codegen import cpp_sums
+from aotforge.compiler.codegen import cpp, cpp_sums
 from aotforge.compiler.runtime import cpp_build
 from aotforge.config import config
 
@@ -52,6 +52,59 @@ def test_pointwise_over_rows_of_a_broadcast_operand(shape):
     graph = check(lambda x, w: ((x * w + 1).exp(), torch.nn.functional.gelu(x - w)), f64(*shape), f64(shape[1]))
     if shape[1] >= 8:  # xindex % C became a loop counter
         assert "for (int64_t x1 = 0; x1 <" in graph.kernel_source
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 8, 16), (3, 5, 4, 4), (2, 6, 2, 2), (2, 3, 5, 7)],
+                         ids=["fills", "rows16", "rows4", "odd"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
+def test_pointwise_per_channel_operands_take_rows_not_divisions(shape, layout):
+    """``ptr[((xindex / HW) % C)]`` (an NCHW per-channel operand) and NHWC's ``xindex % C``:
+    the rows' counters replace the division and the remainder (``_rows_of``), with NaN and
+    infinities, channels-last and strided inputs."""
+    x = f64(*shape)
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[1::11] = float("inf")
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "strided":
+        x = f64(shape[0], shape[1], shape[2], 2 * shape[3])[..., ::2]
+    mean, scale = f64(shape[1]), f64(shape[1])
+    graph = check(lambda x, m, s: (((x - m[:, None, None]) * s[:, None, None]).relu(),), x, mean, scale)
+    rows = shape[2] * shape[3] if layout != "channels_last" else shape[1]
+    if rows >= 4 and layout == "contiguous":
+        assert "/" not in graph.kernel_source.split("for (int64_t x1")[1], graph.kernel_source
+
+
+@pytest.mark.parametrize("n", [131072, 37])
+def test_selects_of_values_one_side_computes_match_eager_without_trapping_math(n):
+    """hardswish's and ReLU's backwards select between a computed value and another: built
+    without trapping math (so that GCC vectorizes the select), with NaN, infinities, signed
+    zeros and the branch points themselves, the results are eager's bit for bit."""
+    x = torch.randn(n) * 4
+    x[:8] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3.0, -3.0, 1e-30])
+    grad = torch.randn(n)
+    grad[8:12] = torch.tensor([float("nan"), float("inf"), -0.0, 0.0])
+    relu = torch.relu(x)
+    # (hardswish's backward at x = NaN: eager's vectorized kernel gives NaN, its decomposition
+    # the gradient, with or without this build flag: left out here)
+    fn = lambda g, x, r: (torch.ops.aten.hardswish_backward(g, x.nan_to_num()), torch.ops.aten.threshold_backward(g, r, 0.0),
+                          torch.where(x < 1, g / (x - 2), g * 3))
+    graph = check(fn, grad, x, relu, rtol=0, atol=0)
+    from aotforge.compiler.codegen.cpp import translation_unit
+    assert translation_unit([graph.kernels[0].source]).startswith(cpp.NO_TRAPPING_MATH)
+
+
+@pytest.mark.parametrize("n", [4099, 64])
+def test_bool_buffers_load_and_store_as_bytes_like_eager(n):
+    """bool buffers are uint8_t pointers in the kernels (so that GCC vectorizes them); every
+    bool op still sees 0 or 1: masks written and read back, logical ops, sums and maxima of
+    bools, a strided (non-contiguous) bool input, bools padded with False."""
+    x = torch.randn(n)
+    x[::5] = float("nan")
+    m = torch.rand(2 * n) > 0.5
+    fn = lambda x, m: (x.relu() <= 0, ~m[::2], m[::2] ^ (x > 0), (m[::2] | (x < 0)).sum(), m[::2].amax(),
+                       torch.where(m[::2], x, -x), torch.nn.functional.pad(m[::2], (3, 2)), m[::2].to(torch.float32) * 2)
+    check(fn, x, m)
 
 
 @pytest.mark.parametrize("shape", [(8, 256), (3, 5)], ids=["long", "short"])
