@@ -158,3 +158,17 @@ def test_geomean_rows_are_over_the_rows_every_backend_timed():
     # One row: its geomean is itself, and no summary row is printed.
     assert "geomean" not in report.table(results[:3], bandwidth=False)
     assert report.geomeans([Result("d", "cpu", "infer", "-", "SKIPPED")]) == []
+
+
+def test_a_package_that_fails_to_import_skips_the_row_with_why(tmp_path, monkeypatch):
+    """A torchvision wheel built for another torch is installed but dies in its import: the
+    row is SKIPPED with that reason, not a crash of the whole run."""
+    from aotforge.bench.workload import Workload
+
+    (tmp_path / "brokenvision").mkdir()
+    (tmp_path / "brokenvision" / "__init__.py").write_text("raise RuntimeError('operator brokenvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    workload = Workload("w", "cpu", lambda mode, quick: None, requires=("brokenvision", "no_such_package_here"))
+    broken, absent = workload.missing_packages()
+    assert broken.startswith("brokenvision (installed, but importing it fails: RuntimeError: operator brokenvision::nms")
+    assert absent == "no_such_package_here"

@@ -49,7 +49,19 @@ class Workload:
     requires: tuple[str, ...] = ()
 
     def missing_packages(self) -> list[str]:
-        return [name for name in self.requires if importlib.util.find_spec(name) is None]
+        """The required packages this process cannot use: not installed, or installed but
+        failing to import (a torchvision wheel built for another torch dies in its import)."""
+        missing = []
+        for name in self.requires:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+                continue
+            try:
+                importlib.import_module(name)
+            except Exception as error:  # noqa: BLE001 - any failure makes the package unusable
+                missing.append(f"{name} (installed, but importing it fails: {type(error).__name__}: {error}; "
+                               "a build for another torch?)")
+        return missing
 
 
 def select(
