@@ -77,6 +77,9 @@ def _describe(report, device: torch.device) -> list[str]:
             if kernels:
                 language = {"cpp": "C++", "triton": "Triton"}.get(kernels[0].language, kernels[0].language)
                 what = f"{len(kernels)} generated {language} kernels"
+            elif getattr(compiled, "path", None) == "cpp":
+                what = ("no kernels: each op is a library call or keeps eager's CPU kernel for eager's "
+                        "bits (config.cpu_eager_bits: GELU, LayerNorm, softmax, exp...)")
             else:
                 what = ("no kernels: on CPU the graph runs as plain ATen calls (eager's own "
                         "kernels)" if device.type == "cpu" else "no kernels generated")

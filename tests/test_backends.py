@@ -306,16 +306,23 @@ def test_cpu_graphs_get_cpp_kernels_and_no_notice(capfd):
 
     if cpp_build.compiler_problem() is not None:
         pytest.skip(cpp_build.compiler_problem())
-    torch._dynamo.reset()
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8)).double()
-    compiled = torch.compile(model, backend="aotforge")
-    with observe() as graphs:
-        torch.manual_seed(1)
-        x = torch.randn(3, 4, dtype=torch.float64)
-        out = compiled(x)
-        torch.testing.assert_close(out, model(x))
-        out.sum().backward()
+    def run(model):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aotforge")
+        with observe() as graphs:
+            torch.manual_seed(1)
+            x = torch.randn(3, 4, dtype=torch.float64)
+            out = compiled(x)
+            torch.testing.assert_close(out, model(x))
+            out.sum().backward()
+        return graphs
+
+    graphs = run(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).double())
     assert [g.path for g in graphs] == ["cpp", "cpp"] and all(g.kernels for g in graphs)
+    # GELU and LayerNorm stay eager's kernels (cpu_eager_bits): a graph of library calls alone
+    # is still on the C++ path
+    graphs = run(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8)).double())
+    assert [g.path for g in graphs] == ["cpp", "cpp"]
     assert "plain ATen calls" not in capfd.readouterr().err
 
 

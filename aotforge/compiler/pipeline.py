@@ -197,7 +197,7 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
     if debug.dump_dir() or debug.enabled("ir"):  # bytes, coalescing, pointers of each kernel
         _dump_kernel_report(kind, lowered, plan, kernels, reads)
     compiled = runtime.load(kind, lowered, plan, memory, kernels, program, clock.timings,  # CompiledGraph
-                            run_aten_graph=_run_fx(gm))
+                            run_aten_graph=_run_fx(gm), language=printer.language)
     _log_output_code(compiled)
     return compiled
 

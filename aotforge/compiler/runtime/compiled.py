@@ -48,11 +48,15 @@ class CompiledGraph:
     # loaded from the compiled-graph cache: no lowering records, only their counts
     cached_stats: Optional[dict] = None
 
+    # the code generator's language, which names the path of a graph with no kernels at all
+    # (a CPU graph of library calls alone is still on the C++ path)
+    language: str = "triton"
+
     @property
     def path(self) -> str:
         if self.program is None:
             return "aten"
-        return self.kernels[0].language if self.kernels else "triton"
+        return self.kernels[0].language if self.kernels else self.language
 
     @property
     def wrapper_source(self) -> str:
@@ -142,7 +146,8 @@ def triton_launcher(source: KernelSource, precompile: bool = True) -> Any:
 
 def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan, kernels: tuple,
          program: Program, timings: dict, run_aten_graph: Optional[Callable[[list], Any]] = None,
-         launcher: Optional[Callable[[KernelSource], Any]] = None, precompile: bool = True) -> CompiledGraph:
+         launcher: Optional[Callable[[KernelSource], Any]] = None, precompile: bool = True,
+         language: str = "triton") -> CompiledGraph:
     """``run_aten_graph``: the graph's own ATen calls, for a call whose symbolic sizes are
     too large for the kernels' 32-bit indexing. The kernels are loaded by their language's
     loader (``LOADERS``), or by ``launcher`` (a target of the caller's own: one object with
@@ -164,4 +169,5 @@ def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     code = compile(program.source, f"<aotforge {kind} wrapper>", "exec")
     exec(code, namespace)
     timings["load"] = time.perf_counter() - started
-    return CompiledGraph(kind, namespace["call"], lowered, plan, memory, kernels, program, launchers, timings)
+    return CompiledGraph(kind, namespace["call"], lowered, plan, memory, kernels, program, launchers, timings,
+                         language=language)

@@ -468,6 +468,7 @@ def _entry(found: Lookup, compiled: CompiledGraph) -> dict:
     return {
         "kind": found.kind,
         "wrapper": compiled.program.source,
+        "language": compiled.language,
         "namespace": namespace,
         "blobs": blobs,
         "kernels": [_describe_kernel(k) for k in compiled.kernels],
@@ -609,7 +610,7 @@ def _load(entry: dict, kind: str, run_aten_graph: Callable[[list], Any], timings
     # (held until the kernels are loaded: they keep it alive, the adoption table does not)
     adopted = _adopt_library(entry["library"], kernels) if entry.get("library") is not None else None
     compiled = runtime.load(kind, None, None, None, kernels, Program(entry["wrapper"], namespace), timings,
-                            run_aten_graph=run_aten_graph, precompile=False)
+                            run_aten_graph=run_aten_graph, precompile=False, language=entry.get("language", "triton"))
     compiled.cached_stats = dict(entry["stats"])
     del adopted
     return compiled
