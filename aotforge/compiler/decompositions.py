@@ -52,13 +52,13 @@ def _table() -> dict:
     for overload in aten.native_batch_norm_backward.overloads():
         op = getattr(aten.native_batch_norm_backward, overload)
         if op in table:
-            table[op] = _whole_on_cpu(table[op])
+            table[op] = _declined_when(_on_cpu, table[op])
     # softmax of integers or bools: eager raises for a non-empty tensor and returns an empty one
     # otherwise, where torch's decomposition builds an invalid graph (an integer -inf, a bool
     # subtraction); the op stays whole (an ATen call), which does as eager does
     for op in (aten._softmax.default, aten._log_softmax.default):
         if op in table:
-            table[op] = _floating_only(table[op])
+            table[op] = _declined_when(_not_floating, table[op])
     # the optimizers' pointwise steps rounded as eager's kernels round them (issue 37): lerp and
     # addcmul stay whole for their lowerings (eager's fma), addcdiv on the CPU multiplies by
     # ``value`` first, as ATen's CPU kernel does
@@ -70,7 +70,7 @@ def _table() -> dict:
     # traced whole for CPU tensors when the C++ path keeps eager's bits (config.cpu_eager_bits)
     for op, decomposition in list(table.items()):
         if eager_rounding.eager_rounding(op) is not None:
-            table[op] = _keep_whole_on_cpu(decomposition)
+            table[op] = _declined_when(_keeps_eager_rounding, decomposition)
     return table
 
 
@@ -84,15 +84,10 @@ def eager_rounding_active() -> bool:
     return cpp_build.compiler_problem() is None
 
 
-def _keep_whole_on_cpu(decomposition: Callable) -> Callable:
-    """``decomposition`` of an op of eager_rounding's table, declined (the op is traced whole)
-    for CPU tensors while ``eager_rounding_active()``: the C++ path then runs eager's kernel."""
-    @functools.wraps(decomposition)
-    def decompose(*args, **kwargs):
-        if eager_rounding_active() and eager_rounding.on_cpu((args, kwargs)):
-            return NotImplemented  # (the tracer then records the op itself)
-        return decomposition(*args, **kwargs)
-    return decompose
+def _keeps_eager_rounding(*args, **kwargs) -> bool:
+    """An op of eager_rounding's table on CPU tensors while ``eager_rounding_active()``: the
+    C++ path then runs eager's kernel."""
+    return eager_rounding_active() and eager_rounding.on_cpu((args, kwargs))
 
 
 def _addcdiv(decomposition, self, tensor1, tensor2, *, value=1):
@@ -105,21 +100,22 @@ def _addcdiv(decomposition, self, tensor1, tensor2, *, value=1):
     return self + (value * tensor1) / tensor2
 
 
-def _whole_on_cpu(decomposition: Callable) -> Callable:
-    @functools.wraps(decomposition)
-    def decompose(x, *args, **kwargs):
-        if x.device.type == "cpu":
-            return NotImplemented  # (the tracer then records the op itself)
-        return decomposition(x, *args, **kwargs)
-    return decompose
+def _on_cpu(x, *args, **kwargs) -> bool:
+    return x.device.type == "cpu"
 
 
-def _floating_only(decomposition: Callable) -> Callable:
+def _not_floating(x, *args, **kwargs) -> bool:
+    return not x.dtype.is_floating_point
+
+
+def _declined_when(declines: Callable[..., bool], decomposition: Callable) -> Callable:
+    """``decomposition``, declined for the arguments ``declines`` picks: the tracer then
+    records the op itself (it runs as an ATen call)."""
     @functools.wraps(decomposition)
-    def decompose(x, *args, **kwargs):
-        if not x.dtype.is_floating_point:
-            return NotImplemented  # (the tracer then records the op itself)
-        return decomposition(x, *args, **kwargs)
+    def decompose(*args, **kwargs):
+        if declines(*args, **kwargs):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
     return decompose
 
 
