@@ -70,6 +70,14 @@ CPU_CHANNELS_LAST_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat
 # NHWC weight picks that path) and converts the small image itself, 3.2x faster than NCHW
 # (3 -> 32 channels, 32 images of 32x32, one thread of an EPYC: 7.3 ms against 2.3 ms).
 MIN_CHANNELS_LAST_CHANNELS = 8
+# A CPU convolution whose weight outweighs its input this many times over runs NCHW: its cost is
+# oneDNN's reorder of the weight (on every call, from either layout) and the arithmetic, and
+# oneDNN's NHWC kernels lose at such shapes. Measured per call on one EPYC thread, 8 images:
+# 512 -> 512 channels 3x3 over 2x2 (weight 144x the input): 7.7 ms NCHW, 10.9 ms NHWC (13.9 ms
+# with the NCHW weight converted by ATen on each call); 256 -> 256 over 4x4 (18x): NHWC wins,
+# 3.8 against 5.3 ms; MobileNetV3's 1x1 and depthwise convolutions over 2x2 (at most 18x): NHWC
+# wins 2-3x. Its input is converted back to NCHW (small: the input is the small operand).
+MAX_CHANNELS_LAST_WEIGHT_PER_INPUT = 32
 # Elements per 16 bytes, the alignment cuBLAS's fast kernels need, by dtype.
 ALIGNMENT = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
 # Smaller matmuls are left alone: the pad's copy would cost more than the aligned kernel saves.
@@ -235,8 +243,17 @@ def _convolutions(gm: fx.GraphModule, devices: tuple[str, ...]) -> list[fx.Node]
     return convolutions
 
 
+def _weight_dominated(convolution: fx.Node) -> bool:
+    """A CPU convolution that runs NCHW in an NHWC graph (``MAX_CHANNELS_LAST_WEIGHT_PER_INPUT``)."""
+    x, weight = node_value(convolution.args[0]), node_value(convolution.args[1])
+    return (convolution.meta["val"].device.type == "cpu"
+            and weight.numel() > MAX_CHANNELS_LAST_WEIGHT_PER_INPUT * x.numel())
+
+
 def _converted_operands(convolution: fx.Node) -> tuple[int, ...]:
     """Which operands of a convolution (0: input, 1: weight) are converted to NHWC."""
+    if _weight_dominated(convolution):
+        return ()
     if node_value(convolution.args[0]).shape[1] >= MIN_CHANNELS_LAST_CHANNELS:
         # On the CPU an NHWC input alone makes oneDNN run NHWC, and it reorders the weight into
         # its own blocked layout on each call from either layout; an NHWC weight was a strided
@@ -280,6 +297,7 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
         return gm
     eager_formats = {node: _memory_format(node.meta["val"]) for node in eager_strides}
     converted: dict[fx.Node, fx.Node] = {}
+    to_nchw: list[fx.Node] = []
     original_args = {convolution: convolution.args for convolution in convolutions}
     for convolution in convolutions:
         for index in _converted_operands(convolution):
@@ -288,12 +306,23 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
                 converted[operand] = emit_node(gm.graph, convolution, aten.clone.default, (operand,),
                                            {"memory_format": torch.channels_last})
         convolution.args = tuple(converted.get(a, a) if i < 2 else a for i, a in enumerate(convolution.args))
+        if _weight_dominated(convolution) and isinstance(convolution.args[0], fx.Node):
+            # NCHW in an NHWC graph: its input comes back to NCHW (a no-op clone is dropped below)
+            back = emit_node(gm.graph, convolution, aten.clone.default, (convolution.args[0],),
+                             {"memory_format": torch.contiguous_format})
+            convolution.args = (back, *convolution.args[1:])
+            to_nchw.append(back)
     for node in gm.graph.nodes:  # a joint graph's backward convolutions read the same NHWC copies
         if node.op == "call_function" and node.target is aten.convolution_backward.default and converted:
             original_args[node] = node.args
             node.args = tuple(converted.get(a, a) if i in (1, 2) else a for i, a in enumerate(node.args))
     if not converted:
-        # only a patch embedding's 3-channel convolution (ViT, Swin): nothing changed
+        # only a patch embedding's 3-channel convolution (ViT, Swin), or convolutions that stay
+        # NCHW: nothing changed
+        for convolution, args in original_args.items():
+            convolution.args = args
+        for clone in to_nchw:
+            gm.graph.erase_node(clone)
         return gm
     saved = {node: node.meta.get("val") for node in gm.graph.nodes if node not in converted.values()}
     try:
@@ -303,13 +332,17 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
         # expressible over the channels-last result: the graph keeps eager's layouts.
         for convolution, args in original_args.items():
             convolution.args = args
-        for clone in converted.values():
+        for clone in (*converted.values(), *to_nchw):
             gm.graph.erase_node(clone)
         for node, value in saved.items():
             node.meta["val"] = value
         log.info("aotforge: convolutions keep eager's layout: channels-last does not fit this graph (%s: %s)",
                  type(error).__name__, error)
         return gm
+    for clone in to_nchw:
+        if clone.meta["val"].stride() == node_value(clone.args[0]).stride():
+            clone.replace_all_uses_with(clone.args[0])
+            gm.graph.erase_node(clone)
     output = next(n for n in gm.graph.nodes if n.op == "output")
     for node, stride in eager_strides.items():
         if node.meta["val"].stride() != stride:
