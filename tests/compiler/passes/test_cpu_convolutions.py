@@ -80,11 +80,11 @@ def _randomize_batch_norms(model):
 def test_inference_block_matches_eager_in_float32(layout):
     torch.manual_seed(0)
     model = _randomize_batch_norms(ConvBlock(cin=3, width=16)).eval()
-    x = torch.randn(3, 3, 13, 11)  # odd sizes: the pooling drops a row and a column
+    x = torch.randn(3, 3, 25, 23)  # odd sizes: the pooling drops a row and a column
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
     elif layout == "non_contiguous":
-        x = torch.randn(3, 11, 3, 26).permute(0, 2, 3, 1)[..., ::2, :]  # [3, 3, 13, 11], strided
+        x = torch.randn(3, 23, 3, 50).permute(0, 2, 3, 1)[..., ::2, :]  # [3, 3, 25, 23], strided
     out, graphs = _compiled(model, x)
     with torch.no_grad():
         expected = model(x)
@@ -118,6 +118,41 @@ def test_small_images_convert_only_the_weight():
     image, weight = first.args[:2]
     assert list(map(int, image.stride)) == [192, 64, 8, 1]  # the graph's input as it came
     assert int(weight.stride[1]) == 1
+
+
+class WeightHeavyNet(nn.Module):
+    """conv + BatchNorm + ReLU, pooling to 2x2, then a convolution whose weight (128 x 32 x 3 x 3)
+    is 36 times its input (2 x 32 x 2 x 2), as a ResNet's last stage at a small image size, then
+    a 1x1 convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(16, 32, 1, stride=2, bias=False),
+                                    nn.Conv2d(32, 128, 3, padding=1, bias=False),
+                                    nn.Conv2d(128, 16, 1, bias=False)])
+        self.bns = nn.ModuleList([nn.BatchNorm2d(c) for c in (32, 128, 16)])
+
+    def forward(self, x):
+        for index, (conv, bn) in enumerate(zip(self.convs, self.bns)):
+            x = torch.relu(bn(conv(x)))
+            if index == 0:
+                x = F.max_pool2d(x, 4)
+        return x
+
+
+def test_weight_dominated_convolution_runs_nchw_and_large_weights_do_not_fold():
+    """A convolution whose weight outweighs its input 32 times runs NCHW between NHWC ones (its
+    input converted back), and BatchNorm folds only into weights no larger than the output
+    (the last two keep BatchNorm over their activation). Values and strides as eager's."""
+    torch.manual_seed(0)
+    model = _randomize_batch_norms(WeightHeavyNet()).eval()
+    x = torch.randn(2, 16, 16, 16)
+    out, graphs = _compiled(model, x)
+    with torch.no_grad():
+        _check_like_eager(out, model(x), rtol=1e-4, atol=1e-4)
+    calls = [step for step in _steps(graphs) if "convolution" in str(getattr(step, "op", ""))]
+    assert [int(step.args[0].stride[1]) == 1 for step in calls] == [True, False, True]
+    assert [step.args[2] is not None for step in calls] == [True, False, False]  # folded: a bias
 
 
 @pytest.mark.parametrize("stride,groups,bias", [(2, 1, True), (1, 4, False), (2, 16, True)])
