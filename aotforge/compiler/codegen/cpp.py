@@ -285,9 +285,12 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
         return None
     loop = loops[0]
     before = lines[:loop.start]
+    # what follows the loop: its finished values, then the nodes after it (a mean's division,
+    # a squeeze-excite's scale), all per column
+    end = loop.start + len(loop.prelude) + len(loop.body) + 3
+    after = lines[end:]
     if (any(kind.returns_index for kind, _, _ in loop.reductions) or any(_STORE.search(line) for line in before)
-            or lines[len(lines) - len(loop.after):] != loop.after
-            or len(lines) != loop.start + len(loop.prelude) + len(loop.body) + 3 + len(loop.after)):
+            or after[:len(loop.after)] != loop.after):
         return None
     names = [name for _, name, _ in loop.reductions]
     as_array = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
@@ -336,8 +339,31 @@ def _columns(lines: list[str], loops: list[RowLoop], shape: KernelShape) -> Opti
     if groups is not None:
         out += ["        }"]
     out += ["        for (int64_t xi = 0; xi < xcount; ++xi) {"]
-    out += ["            " + tiled(line) for line in column + loop.after]
-    return out + ["        }"] + ["    }", f"    {RETURN}", "}"]
+    out += ["            " + tiled(line) for line in column + after]
+    out += ["        }", "    }"]
+    return (_column_rows(out, shape) or out) + [f"    {RETURN}", "}"]
+
+
+def _column_rows(out: list[str], shape: KernelShape) -> Optional[list[str]]:
+    """The tiles of a column reduction whose outputs are rows of C columns (``xindex / C`` and
+    ``xindex % C``: a mean over H and W of an NHWC image, C its channels) walked within each
+    row: ``xindex / C`` is the row's counter and ``xindex % C`` the tile's column, so the
+    loads vectorize (per-element division kept GCC scalar: a squeeze-excite mean over
+    8 x 4x4 x 240 NHWC values took 6x eager's time), and each row's columns take ATen's
+    column groups as eager's reduction does, one row at a time. Only for static sizes."""
+    text = "\n".join(out)
+    sizes = {int(k) for k in _DIVISION.findall(text)} | {int(k) for k in _MODULUS.findall(text)}
+    if len(sizes) != 1 or not isinstance(shape.numel, int) or shape.numel % next(iter(sizes)):
+        return None
+    columns = next(iter(sizes))
+    rows = shape.numel // columns
+    text = (text.replace(f"(xindex / {columns})", "aot_row").replace(f"(xindex % {columns})", "(xo + xi)")
+            .replace("const int64_t xindex = xo + xi;", f"const int64_t xindex = aot_row * {columns} + xo + xi;")
+            .replace("xnumel", str(columns)))
+    inner = [line for line in text.split("\n")[1:] if "#pragma omp parallel" not in line]
+    return (["    " + ERROR_LOCALS, "    " + _parallel_for(f"{shape.numel} * rnumel"),
+             f"    for (int64_t aot_row = 0; aot_row < {rows}; ++aot_row) {{"]
+            + ["    " + line for line in inner] + ["    }"])
 
 
 def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
