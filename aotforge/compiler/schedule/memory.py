@@ -98,10 +98,21 @@ def _last_uses(plan: KernelPlan, reads: BufferReads) -> dict[str, int]:
     return last
 
 
+# ATen calls of several outputs that allocate each output on its own (no two share memory), so
+# each output's memory may be taken once it dies: BatchNorm's normalized output is written
+# over by the ReLU after it, as eager's ``relu_`` does (ResNet-18's training forward: 17 fresh
+# activations a step otherwise).
+SEPARATE_OUTPUTS = frozenset(getattr(torch.ops.aten, name).default for name in (
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training", "native_layer_norm", "native_group_norm",
+    "max_pool2d_with_indices", "convolution_backward", "native_batch_norm_backward",
+    "native_layer_norm_backward", "native_group_norm_backward") if hasattr(torch.ops.aten, name))
+
+
 def _reusable(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> set[str]:
     """Buffers whose memory a later buffer may take once they are released: computed buffers,
-    and outputs of single-output ATen calls that alias nothing (a fresh tensor of the layout
-    the graph was compiled for). Arguments of an ATen call that may return a view of them keep
+    and outputs of ATen calls that alias nothing and allocate each output on its own (one
+    output, or ``SEPARATE_OUTPUTS``): a fresh tensor of the layout the graph was compiled for. Arguments of an ATen call that may return a view of them keep
     their memory, as that view may outlive their last use, and so do a collective's, which it
     reads until its wait."""
     viewed = {n for s in plan.steps if isinstance(s, ExternCall) and (_may_alias(s) or _in_flight(s))
@@ -110,7 +121,8 @@ def _reusable(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> se
     for name, buffer in lowered.buffers().items():
         if isinstance(buffer, ComputedBuffer):
             names.add(name)
-        elif isinstance(buffer, ExternBuffer) and buffer.call.single_output and not _may_alias(buffer.call):
+        elif (isinstance(buffer, ExternBuffer) and (buffer.call.single_output or buffer.call.op in SEPARATE_OUTPUTS)
+              and not _may_alias(buffer.call)):
             names.add(name)
     return names - viewed
 

@@ -118,6 +118,26 @@ extern1: after: free buf1, buf3
            "    kernel0.run(buf0, buf1)\n    del buf0\n" in graph.program.source
 
 
+def test_relu_writes_over_a_training_batch_norm_s_output():
+    """The outputs of an ATen call of several outputs that allocates each on its own (a training
+    BatchNorm: output, saved mean and rstd, new running stats) may be written over once dead, as
+    eager's ``relu_`` writes over BatchNorm's output; the running stats, read later, are not."""
+    def fn(x, weight, bias, mean, var):
+        out, save_mean, save_rstd, new_mean, new_var = torch.ops.aten._native_batch_norm_legit_functional(
+            x, weight, bias, mean, var, True, 0.1, 1e-5)
+        return (F.relu(out) * 2, save_mean, save_rstd, new_mean + 1, new_var)
+
+    c = 4
+    graph = _compiled(fn, torch.randn(2, c, 5, 5, dtype=torch.float64), torch.randn(c, dtype=torch.float64),
+                      torch.randn(c, dtype=torch.float64), torch.randn(c, dtype=torch.float64),
+                      torch.rand(c, dtype=torch.float64) + 0.5)
+    assert str(graph.memory_plan) == """\
+extern0: after: free bias_1, mean_1, var_1, weight_1, x_1
+kernel0: allocate buf5 in buf0's memory (in place); after: free buf0
+kernel1: allocate buf6 in buf3's memory (in place); after: free buf3
+"""
+
+
 def test_released_memory_is_kept_for_a_later_buffer_when_no_aten_call_allocates_between():
     def fn(x, w, y):
         s = (x @ w).sum(0)  # buf0 (the product) dies in the column sum's kernel
