@@ -14,7 +14,7 @@ besides the expressions themselves, and ``SizeVars`` holds them:
 * a *hint* for each symbol (its value in the example inputs), for decisions that only affect
   speed (block sizes, whether a value is worth a buffer); never for what is computed;
 * a check that every expression is one we can print (``+``, ``*``, integer powers, floor
-  division, modulo); a graph with anything else runs as ATen calls.
+  division, modulo, ``max`` and ``min``); a graph with anything else runs as ATen calls.
 
 Reading a ``SymInt`` as ``int(...)``, comparing two with ``==`` or branching on one would
 record a guard in Dynamo's ShapeEnv (and the graph would recompile for every new size), so
@@ -76,6 +76,8 @@ def _convert(expr: sympy.Expr) -> sympy.Expr:
         return FloorDiv(_convert(expr.args[0]), _convert(expr.args[1]))
     if name == "ModularIndexing":
         return ModularIndexing(*[_convert(a) for a in expr.args])
+    if name in ("Max", "Min"):  # (a pooled size: max(1, s0 // 2))
+        return (sympy.Max if name == "Max" else sympy.Min)(*[_convert(a) for a in expr.args])
     if name in ("Mod", "PythonMod") and len(expr.args) == 2:
         return ModularIndexing(_convert(expr.args[0]), sympy.Integer(1), _convert(expr.args[1]))
     raise UnsupportedSize(f"the size {expr} uses {name}, which the compiler cannot print")

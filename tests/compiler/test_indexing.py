@@ -63,3 +63,16 @@ def test_softmax_backward_through_a_view_is_one_kernel(triton):
     torch.testing.assert_close(outputs[0], fn(*args)[0])
     assert stats["kernels"] == 1, stats
 
+
+
+def test_max_and_min_of_sizes_print_in_each_syntax():
+    """A pooled size (``max(1, s0 // 2)``) prints as Python's and Triton's ``max`` and as
+    C++'s ``std::max<int64_t>``; before, such a graph ran as ATen calls."""
+    from aotforge.compiler.codegen.kernel import print_index
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    size = sympy.Max(1, FloorDiv(s0, 2))
+    assert print_index(size, "//") == "max(1, (s0 // 2))"
+    assert print_index(size, "/") == "std::max<int64_t>(1, (s0 / 2))"
+    assert print_index(sympy.Min(s0, s1, 7) * 3, "/") == "3*std::min<int64_t>(std::min<int64_t>(7, s0), s1)"
+    assert eval(print_index(size, "//"), {"s0": 9}) == 4 and eval(print_index(size, "//"), {"s0": 1}) == 1

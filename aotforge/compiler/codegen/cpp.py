@@ -350,20 +350,36 @@ def _column_rows(out: list[str], shape: KernelShape) -> Optional[list[str]]:
     row: ``xindex / C`` is the row's counter and ``xindex % C`` the tile's column, so the
     loads vectorize (per-element division kept GCC scalar: a squeeze-excite mean over
     8 x 4x4 x 240 NHWC values took 6x eager's time), and each row's columns take ATen's
-    column groups as eager's reduction does, one row at a time. Only for static sizes."""
+    column groups as eager's reduction does, one row at a time. For a constant C; the count of
+    rows may be symbolic (a dynamic batch)."""
     text = "\n".join(out)
     sizes = {int(k) for k in _DIVISION.findall(text)} | {int(k) for k in _MODULUS.findall(text)}
-    if len(sizes) != 1 or not isinstance(shape.numel, int) or shape.numel % next(iter(sizes)):
+    if len(sizes) != 1 or _static_factor(shape.numel) % next(iter(sizes)):
         return None
     columns = next(iter(sizes))
-    rows = shape.numel // columns
+    rows = _rows(shape.numel, columns)
     text = (text.replace(f"(xindex / {columns})", "aot_row").replace(f"(xindex % {columns})", "(xo + xi)")
             .replace("const int64_t xindex = xo + xi;", f"const int64_t xindex = aot_row * {columns} + xo + xi;")
             .replace("xnumel", str(columns)))
     inner = [line for line in text.split("\n")[1:] if "#pragma omp parallel" not in line]
-    return (["    " + ERROR_LOCALS, "    " + _parallel_for(f"{shape.numel} * rnumel"),
+    return (["    " + ERROR_LOCALS, "    " + _parallel_for(f"{rows} * {columns} * rnumel"),
              f"    for (int64_t aot_row = 0; aot_row < {rows}; ++aot_row) {{"]
             + ["    " + line for line in inner] + ["    }"])
+
+
+def _static_factor(numel) -> int:
+    """The whole number that divides a kernel's size for every value of its symbols: the size
+    itself, or the coefficient of a product of symbols (``32768*s0`` for a dynamic batch)."""
+    if isinstance(numel, int):
+        return numel
+    coefficient, _ = sympy.sympify(numel).as_coeff_Mul()
+    return int(coefficient) if coefficient.is_Integer else 1
+
+
+def _rows(numel, row: int) -> str:
+    """The count of rows of ``row`` elements in a kernel of ``numel`` (a multiple of ``row``):
+    a number, or the size passed at the launch divided (exactly) at run time."""
+    return str(numel // row) if isinstance(numel, int) else f"(xnumel / {row})"
 
 
 def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
@@ -374,13 +390,14 @@ def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
     identities for ``xindex = x0 * R + x1`` (0 <= x1 < R). Per-element division and remainder
     keep GCC from vectorizing the loop (a per-channel mean subtracted from 1M floats: 1.1 ms
     a call that way, 0.8 ms as rows); after it, the inner loop over ``x1`` is contiguous and the broadcast loads are
-    loop-invariant. Only for static sizes, and rows of at least 4 elements."""
+    loop-invariant. For constant divisors and rows of at least 4 elements; the size may have
+    symbols (a dynamic batch: ``32768*s0`` walks ``xnumel / R`` rows)."""
     text = "\n".join(lines)
     divisors = [int(d) for d in _DIVISION.findall(text)]
     moduli = [int(m) for m in _MODULUS.findall(text)]
-    if not (divisors or moduli) or not isinstance(shape.numel, int):
+    if not (divisors or moduli):
         return None
-    row = math.gcd(shape.numel, *divisors, *moduli)
+    row = math.gcd(_static_factor(shape.numel), *divisors, *moduli)
     if row < 4:  # (4 floats: one 16-byte vector, the width GCC picks here for -march=native)
         return None
 
@@ -394,7 +411,7 @@ def _rows_of(lines: list[str], shape: KernelShape) -> Optional[list[str]]:
 
     text = _MODULUS.sub(remainder, _DIVISION.sub(quotient, text))
     out = ["    " + ERROR_LOCALS, "    " + _parallel_for("xnumel"),
-           f"    for (int64_t x0 = 0; x0 < {shape.numel // row}; ++x0) {{",
+           f"    for (int64_t x0 = 0; x0 < {_rows(shape.numel, row)}; ++x0) {{",
            f"        for (int64_t x1 = 0; x1 < {row}; ++x1) {{",
            f"            const int64_t xindex = x0 * {row} + x1;", "            constexpr bool xmask = true;"]
     out += ["            " + line for line in text.split("\n")]

@@ -115,6 +115,14 @@ def print_index(expr: sympy.Expr, floordiv: str) -> str:
         return "*".join(text(a) if not isinstance(a, sympy.Add) else f"({text(a)})" for a in expr.args)
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
         return "*".join([atom_(expr.base)] * int(expr.exp))
+    if isinstance(expr, (sympy.Max, sympy.Min)):  # (sizes: Python's, Triton's and C++'s max/min)
+        function = ("max" if isinstance(expr, sympy.Max) else "min") + ("<int64_t>" if floordiv == "/" else "")
+        function = f"std::{function}" if floordiv == "/" else function
+        first, *rest = sorted(expr.args, key=str)
+        result = text(first)
+        for arg in rest:
+            result = f"{function}({result}, {text(arg)})"
+        return result
     raise NotImplementedError(f"cannot print index expression {expr!r} ({type(expr).__name__})")
 
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from .fx_edits import emit_node, node_value
+from .fx_edits import emit_node, node_value, numel_hint, same_sizes
 
 aten = torch.ops.aten
 
@@ -57,7 +57,7 @@ def _is_plain_convolution(node: fx.Node) -> bool:
     out = node_value(node)
     if (not isinstance(out, torch.Tensor) or out.dim() != 4 or not out.is_floating_point() or node.args[6]
             or out.device.type not in FOLD_DEVICES or out.dtype not in FOLD_DTYPES
-            or not all(isinstance(size, int) for size in out.shape)):  # (symbolic sizes: left as traced)
+            or not isinstance(out.shape[1], int) or numel_hint(out) is None):  # (symbolic channels: as traced)
         return False
     operands = [node_value(a) for a in node.args[:3] if a is not None]
     return all(isinstance(v, torch.Tensor) and v.dtype == out.dtype for v in operands)
@@ -73,7 +73,7 @@ def _channel_vector(node: fx.Node, operand: Any, out: torch.Tensor) -> Optional[
         return None
     shape = [1] * (4 - value.dim()) + list(value.shape)
     channels = out.shape[1]
-    if shape[0] != 1 or shape[2] != 1 or shape[3] != 1 or shape[1] not in (1, channels):
+    if not all(isinstance(size, int) for size in shape) or shape[0] != 1 or shape[2] != 1 or shape[3] != 1 or shape[1] not in (1, channels):
         return None
     flat = emit_node(node.graph, node, aten.reshape.default, (operand, [shape[1]]))
     if shape[1] == 1:
@@ -90,7 +90,7 @@ def _affine_step(node: fx.Node, current: fx.Node) -> Optional[tuple[Any, fx.Node
         return None
     left, right = node.args
     out = node_value(current)
-    if node_value(node) is None or list(node_value(node).shape) != list(out.shape) or node_value(node).dtype != out.dtype:
+    if node_value(node) is None or not same_sizes(node_value(node).shape, out.shape) or node_value(node).dtype != out.dtype:
         return None
     if left is current and right is not current:
         other = right
@@ -105,7 +105,7 @@ def _affine_step(node: fx.Node, current: fx.Node) -> Optional[tuple[Any, fx.Node
 def _fold(convolution: fx.Node) -> bool:
     graph = convolution.graph
     out = node_value(convolution)
-    if node_value(convolution.args[1]).numel() > FOLD_MAX_WEIGHT_PER_OUTPUT * out.numel():
+    if numel_hint(node_value(convolution.args[1])) > FOLD_MAX_WEIGHT_PER_OUTPUT * numel_hint(out):
         return False
     steps: list[tuple[Any, fx.Node]] = []
     last = convolution

@@ -33,3 +33,34 @@ def run_passes(gm: fx.GraphModule, graph_passes: tuple) -> fx.GraphModule:
         gm = graph_pass(gm)
     gm.recompile()
     return gm
+
+
+def size_key(size: Any) -> Any:
+    """A size or stride as a value that compares without recording a guard: an int, or a
+    SymInt's expression (comparing two SymInts with ``==`` would guard on their values)."""
+    return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
+def same_sizes(a: Any, b: Any) -> bool:
+    """Whether two size (or stride) tuples are the same expressions, without guarding."""
+    return len(a) == len(b) and all(size_key(x) == size_key(y) for x, y in zip(a, b))
+
+
+def size_hint(size: Any) -> Optional[int]:
+    """A size's value in the example inputs (a SymInt's hint), for choices that only change
+    speed; never guards. None for a size without a hint (one that depends on data)."""
+    if isinstance(size, torch.SymInt):
+        hint = getattr(size.node, "hint", None)
+        return int(hint) if hint is not None else None
+    return size if isinstance(size, int) else None
+
+
+def numel_hint(value: torch.Tensor) -> Optional[int]:
+    """A tensor's element count in the example inputs (see ``size_hint``)."""
+    total = 1
+    for size in value.shape:
+        hint = size_hint(size)
+        if hint is None:
+            return None
+        total *= hint
+    return total

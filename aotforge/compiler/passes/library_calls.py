@@ -31,12 +31,13 @@ import logging
 import math
 from typing import Any, Optional, Sequence
 
+import sympy
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
 from .convolution_epilogues import fold_channel_affine
-from .fx_edits import emit_node, node_value, run_passes
+from .fx_edits import emit_node, node_value, numel_hint, run_passes, same_sizes, size_key
 from .pooling import pointwise_max_pooling
 
 log = logging.getLogger("aotforge")
@@ -218,25 +219,39 @@ def scatter_accumulate(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def _dense_in(value: torch.Tensor, order: tuple[int, ...]) -> bool:
+    """Whether ``value`` is dense with its dimensions laid out in ``order`` (innermost last),
+    read from its sizes' and strides' expressions: no guard on symbolic sizes."""
+    expected = 1
+    for dim in reversed(order):
+        size = size_key(value.shape[dim])
+        if size != 1 and sympy.expand(sympy.sympify(size_key(value.stride()[dim])) - expected) != 0:
+            return False
+        expected = sympy.sympify(expected) * size
+    return True
+
+
 def _is_channels_last(value: Any) -> bool:
-    return value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last)
+    return value.dim() == 4 and _dense_in(value, (0, 2, 3, 1))
 
 
 def _memory_format(value: torch.Tensor) -> Optional[torch.memory_format]:
     """The memory format a graph output is dense in (what a clone restores), or None."""
-    if value.is_contiguous():
+    if _dense_in(value, tuple(range(value.dim()))):
         return torch.contiguous_format
     return torch.channels_last if _is_channels_last(value) else None
 
 
 def _convolutions(gm: fx.GraphModule, devices: tuple[str, ...]) -> list[fx.Node]:
-    """The 2-d convolutions of a static graph on a device whose convolutions prefer NHWC."""
+    """The 2-d convolutions of a graph on a device whose convolutions prefer NHWC. Sizes other
+    than the channels may be symbolic (a dynamic batch or image size); the layout choices read
+    their example values (``numel_hint``), which changes speed, never values."""
     convolutions = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is aten.convolution.default:
             out = node.meta.get("val")
             if (not isinstance(out, torch.Tensor) or out.dim() != 4 or out.device.type not in devices
-                    or not all(isinstance(size, int) for size in out.shape)
+                    or not isinstance(out.shape[1], int) or numel_hint(out) is None
                     or (out.device.type == "cpu" and out.dtype not in CPU_CHANNELS_LAST_DTYPES)):
                 return []
             convolutions.append(node)
@@ -247,7 +262,7 @@ def _weight_dominated(convolution: fx.Node) -> bool:
     """A CPU convolution that runs NCHW in an NHWC graph (``MAX_CHANNELS_LAST_WEIGHT_PER_INPUT``)."""
     x, weight = node_value(convolution.args[0]), node_value(convolution.args[1])
     return (convolution.meta["val"].device.type == "cpu"
-            and weight.numel() > MAX_CHANNELS_LAST_WEIGHT_PER_INPUT * x.numel())
+            and numel_hint(weight) > MAX_CHANNELS_LAST_WEIGHT_PER_INPUT * numel_hint(x))
 
 
 def _converted_operands(convolution: fx.Node) -> tuple[int, ...]:
@@ -340,12 +355,12 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
                  type(error).__name__, error)
         return gm
     for clone in to_nchw:
-        if clone.meta["val"].stride() == node_value(clone.args[0]).stride():
+        if same_sizes(clone.meta["val"].stride(), node_value(clone.args[0]).stride()):
             clone.replace_all_uses_with(clone.args[0])
             gm.graph.erase_node(clone)
     output = next(n for n in gm.graph.nodes if n.op == "output")
     for node, stride in eager_strides.items():
-        if node.meta["val"].stride() != stride:
+        if not same_sizes(node.meta["val"].stride(), stride):
             restored = emit_node(gm.graph, output, aten.clone.default, (node,), {"memory_format": eager_formats[node]})
             output.replace_input_with(node, restored)
     return gm

@@ -155,6 +155,40 @@ def test_weight_dominated_convolution_runs_nchw_and_large_weights_do_not_fold():
     assert [step.args[2] is not None for step in calls] == [True, False, False]  # folded: a bias
 
 
+def test_a_dynamic_batch_keeps_the_nhwc_path_without_new_guards():
+    """Under automatic dynamic shapes (a second batch size recompiles with a symbolic batch) the
+    convolutions still run NHWC with BatchNorm folded, the C++ kernels walk channels as rows,
+    and a third size runs the same graph (the passes add no guard on the batch)."""
+    torch.manual_seed(0)
+    model = _randomize_batch_norms(ConvBlock(cin=3, width=16)).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aotforge")
+    with torch.no_grad(), observe() as graphs:
+        for batch in (4, 6, 5, 9):
+            x = torch.randn(batch, 3, 24, 22)
+            _check_like_eager(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len(graphs) == 2 and all(g.path == "cpp" for g in graphs), [g.path for g in graphs]
+    dynamic = graphs[1]
+    calls = [step for step in _steps([dynamic]) if "convolution" in str(getattr(step, "op", ""))]
+    assert int(calls[1].args[0].stride[1]) == 1 and all(step.args[2] is not None for step in calls)
+    assert "(xnumel / 16)" in dynamic.kernel_source  # rows of the 16 channels, the batch symbolic
+
+
+def test_symbolic_image_sizes_with_pooling_get_cpp_kernels():
+    """``dynamic=True``: pooled sizes are ``max(1, s // 2)``, which the kernels and the wrapper
+    now print; the graph runs its C++ kernels (before: ATen calls), as eager at two sizes."""
+    torch.manual_seed(0)
+    model = _randomize_batch_norms(ConvBlock(cin=3, width=8)).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aotforge", dynamic=True)
+    with torch.no_grad(), observe() as graphs:
+        for size in ((2, 3, 12, 10), (3, 3, 15, 9)):
+            x = torch.randn(*size)
+            _check_like_eager(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len(graphs) == 1 and graphs[0].path == "cpp" and graphs[0].kernels, graphs
+    assert "std::max<int64_t>" in graphs[0].kernel_source or "max(" in graphs[0].program.source
+
+
 @pytest.mark.parametrize("stride,groups,bias", [(2, 1, True), (1, 4, False), (2, 16, True)])
 def test_strided_grouped_and_biased_convolutions_fold(stride, groups, bias):
     torch.manual_seed(0)
