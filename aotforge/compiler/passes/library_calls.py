@@ -38,7 +38,7 @@ from torch._guards import detect_fake_mode
 
 from .convolution_epilogues import fold_channel_affine
 from .fx_edits import emit_node, node_value, numel_hint, run_passes, same_sizes, size_key
-from .pooling import pointwise_max_pooling
+from .pooling import pointwise_max_pooling, pointwise_max_pooling_with_indices
 
 log = logging.getLogger("aotforge")
 
@@ -380,6 +380,8 @@ def library_call_passes(gm: fx.GraphModule, kind: str) -> fx.GraphModule:
     # (these modules build on this one's helpers)
 
     # inference: BatchNorm folded into the convolution, then NHWC
+    # training forward: its max pooling saves the indices for the backward, computed in a kernel
     layout_passes = ((fold_channel_affine, pointwise_max_pooling, channels_last_convolutions)
-                     if kind == "inference" else (pointwise_max_pooling,))
+                     if kind == "inference" else (pointwise_max_pooling, pointwise_max_pooling_with_indices)
+                     if kind == "forward" else (pointwise_max_pooling,))
     return run_passes(gm, (*layout_passes, pad_matmuls, scatter_accumulate))
