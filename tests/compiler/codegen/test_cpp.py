@@ -282,3 +282,20 @@ def test_means_over_an_nhwc_image_walk_each_image_s_columns_bit_for_bit(shape, d
         assert torch.equal(got.isnan(), expected.isnan())
         assert torch.equal(got.nan_to_num(0.0), expected.nan_to_num(0.0))
     assert f"(xindex / {shape[1]})" not in graph.kernel_source and "aot_row" in graph.kernel_source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_maximum_minimum_and_clamps_keep_eager_s_nan_and_signed_zeros(dtype):
+    """NaN-aware max and min (two selects since they were a short-circuit ``||``, which GCC left
+    scalar): NaN on either side wins, ties and signed zeros as eager's, bit for bit."""
+    special = torch.tensor([float("nan"), 0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), 3.0], dtype=dtype)
+    a = special.repeat_interleave(len(special))
+    b = special.repeat(len(special))
+    fn = lambda a, b: (torch.maximum(a, b), torch.minimum(a, b), a.clamp(-0.5, 2.0), torch.relu(a),
+                       torch.nn.functional.hardswish(a), torch.nn.functional.max_pool1d(torch.stack([a, b], 1)[None], 2)[0])
+    compiled, _ = compile_cpp(fn, a, b)
+    for got, expected in zip(compiled([a, b]), fn(a, b)):
+        assert torch.equal(got.isnan(), expected.isnan())
+        numbers = ~expected.isnan()  # (a NaN's sign bit is not a value: eager's vector max sets it)
+        assert torch.equal(torch.signbit(got[numbers]), torch.signbit(expected[numbers]))
+        assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0))

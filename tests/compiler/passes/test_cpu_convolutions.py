@@ -100,9 +100,8 @@ def test_inference_block_matches_eager_in_float32(layout):
     strides = [int(arg.stride[1]) for step in calls for arg in step.args[:2] if hasattr(arg, "stride")]
     assert strides[1:] == [1, 1, 9], strides
     assert calls[1].args[1].stride[0] == 16 * 9
-    # the pooling between them reads its operand NHWC too (ATen's NCHW CPU kernel is 14x slower)
-    (pool,) = [step for step in _steps(graphs) if "max_pool" in str(getattr(step, "op", ""))]
-    assert int(pool.args[0].stride[1]) == 1
+    # the pooling between them is a kernel of taps fused with BatchNorm's ReLU (pooling.py)
+    assert not any("max_pool" in extern for extern in externs), externs
 
 
 def test_small_images_convert_only_the_weight():
