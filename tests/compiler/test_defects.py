@@ -379,3 +379,25 @@ def check_sweep_case(name, shape, dim, keepdim, dtype, special, seed):
 @pytest.mark.parametrize("case", list(sweep_cases(200, seed=10)), ids=lambda case: "-".join(map(str, case[:-1])))
 def test_reduction_sweep_matches_eager(case):
     check_sweep_case(*case)
+
+
+@pytest.mark.parametrize("path", ["cpp", "triton"])
+def test_a_value_computed_after_an_input_is_written_reads_the_old_input(path):
+    """``x.add_(y); return x * 2`` fused into one kernel: the product recomputes ``x + y`` from
+    ``x``, which the kernel had already overwritten with ``x + y`` (it returned (x + 2y) * 2).
+    Writes into inputs now come last in their kernel, all computed before any is stored."""
+    def fn(x, y, z):
+        x.add_(y)
+        y.mul_(x)  # reads the new x, writes y, which the value of z reads as it was
+        z.copy_(y + z)
+        return x * 2, y - 1, z.sum()
+
+    args = [torch.randn(6, 5, **f64) for _ in range(3)]
+    expected_inputs = [a.clone() for a in args]
+    expected = fn(*expected_inputs)
+    torch._dynamo.reset()
+    inputs = [a.clone() for a in args]
+    with config.patch(triton_on_cpu=path == "triton", cpu_codegen=True):
+        actual = torch.compile(fn, backend="aotforge")(*inputs)
+    assert_same(actual, expected)
+    assert_same(inputs, expected_inputs)

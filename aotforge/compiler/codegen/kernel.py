@@ -422,6 +422,13 @@ class KernelBuilder:
         if buffer.name in self.stored or buffer.mutates is not None:
             self._store(buffer, index, value, level=2 if per_element else 1, after_loop=is_reduction and not self.persistent)
 
+    def _value_of(self, buffer) -> tuple:
+        """(index, value, level) of a pointwise write into a buffer: not kept as that buffer's
+        value (a read of it still means the value before the write)."""
+        indices = node_indices(buffer, self.numel, self.rnumel)
+        per_element = any(RINDEX in i.free_symbols for i in indices[0])
+        return store_index(buffer, indices[0]), buffer.body.walk(self, indices[0]), 2 if per_element else 1
+
     def _store(self, buffer, index, value: Var, level: int, after_loop: bool) -> None:
         text = self.p.downcast(value.name, value.dtype, buffer.dtype)
         if value.level < level or (not self.is_reduction and value.level == 0):
@@ -436,9 +443,18 @@ class KernelBuilder:
 
     def generate(self, buffer_dtypes: dict[str, torch.dtype], reads: BufferReads) -> KernelSource:
         self.buffer_dtypes = buffer_dtypes
+        # Every read of a buffer means its value before the graph's writes into it (the graph is
+        # functional: a later op reads the written value under its own name), so the writes into
+        # inputs come last, all computed before any is stored: a member recomputed after a
+        # write would read the new value (``x.add_(y); return x * 2`` gave (x + 2y) * 2).
+        writes = [buffer for buffer in self.group.nodes if buffer.mutates is not None]
         with use_handler(self):
             for buffer in self.group.nodes:
-                self._codegen_node(buffer, reads.of(buffer))
+                if buffer.mutates is None:
+                    self._codegen_node(buffer, reads.of(buffer))
+            values = [self._value_of(buffer) for buffer in writes]
+            for buffer, (index, value, level) in zip(writes, values):
+                self._store(buffer, index, value, level=level, after_loop=False)
         self._close_loop()
         parameters = list(self.arguments.values()) + ["xnumel"] + (["rnumel"] if self.is_reduction else [])
         pointer_dtypes = tuple(buffer_dtypes[a] for a in self.arguments)
