@@ -136,6 +136,9 @@ def graph_translation_unit(kernels: tuple[KernelSource, ...]) -> str:
     table has one row per kernel of the graph in the order of ``kernels`` (the positions the
     wrapper passes). The compiled-graph cache rebuilds it with this same function."""
     unique = {k.name: k for k in kernels}
+    for k in kernels:  # the wrapper passes a tensor per argument, the entry reads one per dtype
+        if len(k.dtypes) != len(k.arguments):
+            raise ValueError(f"aotforge: kernel {k.name} has {len(k.arguments)} arguments but {len(k.dtypes)} dtypes")
     callers = [_caller(i, k) for i, k in enumerate(kernels)]
     rows = [f"{{aot_run_{i}, {len(k.dtypes)}, {launch_sizes(k)}}}" for i, k in enumerate(kernels)]
     table = (f"const AotEntry aot_entries[] = {{{', '.join(rows)}}};\n"

@@ -12,6 +12,16 @@ outputs. Example (a layer norm)::
         del primals_1
         return (buf2,)
 
+On the CPU the inputs of static layout are checked at once (``input_layouts``, below) and each
+run of consecutive C++ kernels is one call into the graph's translation unit::
+
+        if not input_layouts.check(primals_1, primals_2, primals_3):
+            primals_1 = ensure_layout(primals_1, (16, 64), (64, 1))
+            ...
+            input_layouts.remember(primals_1, primals_2, primals_3)
+        buf2 = empty_strided_cpu((16, 64), (64, 1), torch.float32)
+        if code := launch_kernels(0, primals_1, primals_2, primals_3, buf2): raise kernel_error(code)
+
 The program only renders decisions made by earlier stages; it decides nothing itself.
 """
 from __future__ import annotations

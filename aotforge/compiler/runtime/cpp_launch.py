@@ -3,7 +3,11 @@ unit (cpp_build.py: the system C++ compiler, cached on disk) and called through 
 
 A kernel takes its buffers' data pointers and its sizes, and returns 0 or the code of an error
 it met (integer division by zero, an index out of bounds: cpp_ops.ERRORS), which is raised
-here as the error eager raises; a kernel never traps and never reads out of bounds."""
+here as the error eager raises; a kernel never traps and never reads out of bounds.
+
+The wrapper does not call the kernels one by one: each run of consecutive kernels is one call
+of the translation unit's entry (codegen/cpp_entry.py), made a Python builtin here
+(``graph_entry``); a kernel's own ctypes ``run`` remains for a library without the entry."""
 from __future__ import annotations
 
 import ctypes
