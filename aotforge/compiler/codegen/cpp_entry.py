@@ -2,7 +2,7 @@
 
 The wrapper (wrapper.py) launches the kernels between two ATen calls as one call::
 
-    if code := launch_kernels(0, primals_1, primals_4, buf0, 1, primals_3, buf1): raise kernel_error(code)
+    if aot_failed := launch_kernels(0, primals_1, primals_4, buf0, 1, primals_3, buf1): raise kernel_error(aot_failed)
 
 each kernel as its position in the graph's kernel tuple, its tensors, then (a kernel of
 symbolic sizes) its sizes. ``aot_launch``, a METH_FASTCALL function of the translation unit

@@ -20,7 +20,7 @@ run of consecutive C++ kernels is one call into the graph's translation unit::
             ...
             input_layouts.remember(primals_1, primals_2, primals_3)
         buf2 = empty_strided_cpu((16, 64), (64, 1), torch.float32)
-        if code := launch_kernels(0, primals_1, primals_2, primals_3, buf2): raise kernel_error(code)
+        if aot_failed := launch_kernels(0, primals_1, primals_2, primals_3, buf2): raise kernel_error(aot_failed)
 
 The program only renders decisions made by earlier stages; it decides nothing itself.
 """
@@ -186,7 +186,7 @@ class _Writer:
                 self.allocate(allocation.buffer, allocation.reuses, allocation.in_place, deferred)
             name = plan.steps[index].name
             arguments += [str(positions[name]), *_launch_arguments(sources[name])]
-        self.emit(f"if code := launch_kernels({', '.join(arguments)}): raise kernel_error(code)")
+        self.emit(f"if aot_failed := launch_kernels({', '.join(arguments)}): raise kernel_error(aot_failed)")
         for index in steps:
             deferred += memory.frees.get(index, ())
         if deferred:
