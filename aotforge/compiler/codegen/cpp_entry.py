@@ -92,9 +92,9 @@ AotPyObject* aot_launch(AotPyObject*, AotPyObject* const* args, ptrdiff_t nargs)
 }
 }  // namespace
 
-// the METH_FASTCALL function the loader makes a builtin of (its PyMethodDef is the loader's
-// memory: the builtin's deallocation reads it, and may come after the library is unloaded)
-
+// takes the Python C API and returns aot_launch, which the loader makes a builtin of (with a
+// PyMethodDef in the loader's memory: the builtin's deallocation reads it, and may come after
+// the library is unloaded)
 extern "C" void* aot_entry_init(void* const* api, AotPyObject* data_ptr_name) {
     void** slots = reinterpret_cast<void**>(&aot_py);
     for (size_t k = 0; k < sizeof(AotPyApi) / sizeof(void*); ++k) slots[k] = api[k];

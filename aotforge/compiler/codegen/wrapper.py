@@ -142,17 +142,17 @@ class _Writer:
         checked = [b for b in self.lowered.inputs if b is not None and b.layout.size]
         # inputs of static layout: one check of them all (launch.InputLayouts) skips their
         # per-input checks when each is laid out as in the last call that ran them
-        static = {b.name: None for b in checked if _static(b.layout.size) and _static(b.layout.stride)}
-        guarded = len(static) > 1 and CHECK_INPUTS_ONCE
+        static = [b.name for b in checked if _static(b.layout.size) and _static(b.layout.stride)]
+        guarded = set(static) if len(static) > 1 and CHECK_INPUTS_ONCE else set()
         if guarded:
             self.emit(f"if not input_layouts.check({', '.join(static)}):")
-            checked = [b for b in checked if b.name in static] + [b for b in checked if b.name not in static]
+            checked = [b for b in checked if b.name in guarded] + [b for b in checked if b.name not in guarded]
         for buffer in checked:
             check = "check_mutated_input" if buffer.name in mutated else "ensure_layout"
-            indent = "    " if guarded and buffer.name in static else ""
+            indent = "    " if buffer.name in guarded else ""
             self.emit(f"{indent}{buffer.name} = {check}({buffer.name}, {_sizes(buffer.layout.size)}, "
                       f"{_sizes(buffer.layout.stride)})")
-            if guarded and buffer.name == list(static)[-1]:
+            if guarded and buffer.name == static[-1]:
                 self.emit(f"    input_layouts.remember({', '.join(static)})")
 
     def allocate(self, name: str, reuses: Any, in_place: bool = False, deferred: "list | None" = None) -> None:
