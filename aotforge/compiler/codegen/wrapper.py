@@ -140,9 +140,11 @@ class _Writer:
             self.emit("    return run_aten_graph(args)  # sizes past 32-bit indexing")
         self.emit("args.clear()")
         checked = [b for b in self.lowered.inputs if b is not None and b.layout.size]
-        # inputs of static layout: one check of them all (launch.InputLayouts) skips their
-        # per-input checks when each is laid out as in the last call that ran them
-        static = [b.name for b in checked if _static(b.layout.size) and _static(b.layout.stride)]
+        # CPU inputs of static layout: one check of them all (launch.InputLayouts) skips their
+        # per-input checks when each is laid out as in the last call that ran them (a GPU
+        # graph's Python hides behind its kernels, and CUDA graphs replay without it)
+        static = [b.name for b in checked
+                  if b.device.type == "cpu" and _static(b.layout.size) and _static(b.layout.stride)]
         guarded = set(static) if len(static) > 1 and CHECK_INPUTS_ONCE else set()
         if guarded:
             self.emit(f"if not input_layouts.check({', '.join(static)}):")
