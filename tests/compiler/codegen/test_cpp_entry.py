@@ -90,11 +90,17 @@ def test_a_call_that_does_not_match_the_graph_is_refused():
     assert not y.any()  # nothing ran
 
 
-def gathers_in_the_middle(x, y, t, i):
+def gathers_in_the_middle(t, i):
+    c = (t * 2).sum(0)  # a column sum
+    g = (t[i] * c).sum(1)  # gathers, a row sum: the run's middle kernel
+    return c, (g[:, None] * t[i]).sum(0) + c  # gathers again, a column sum: the run's last
+
+
+def division_between_runs(x, y, t, i):
     s = (x * 3).sum(1)  # a row reduction
     c = torch.div(x + s[:, None], y, rounding_mode="floor").sum(0)  # an ATen division, a column sum
-    g = (t[i] * c[:4]).sum(1)  # gathers: the run's middle kernel
-    return c * 2, (g[:, None] * t[:3]).sum(0)  # another column sum: the run's last
+    g = (t[i] * c[:4]).sum(1)
+    return c * 2, (g[:, None] * t[:3]).sum(0)
 
 
 @pytest.fixture
@@ -102,30 +108,47 @@ def our_own_math(monkeypatch):
     monkeypatch.setattr(config, "cpu_eager_bits", False)
 
 
+def compile_cpp(fn, *args):
+    with config.patch(triton_on_cpu=False, cpu_codegen=True):
+        return compile_fx_inner(trace(fn, *args), list(args))
+
+
 def test_an_index_out_of_bounds_in_the_middle_of_a_run_raises_as_eager(our_own_math):
-    x, y = torch.randint(0, 9, (8, 8)), torch.randint(1, 5, (8,))
     t, i = torch.randn(10, 4, dtype=torch.float64), torch.tensor([0, 3, 9])
-    gm = trace(gathers_in_the_middle, x, y, t, i)
-    with config.patch(triton_on_cpu=False, cpu_codegen=True):
-        compiled = compile_fx_inner(gm, [x, y, t, i])
+    compiled = compile_cpp(gathers_in_the_middle, t, i)
     runs = [line for line in compiled.compiled_graph.wrapper_source.splitlines() if "launch_kernels(" in line]
-    assert any(line.count(", i_1, t_1,") for line in runs) and max(len(line.split(", buf")) for line in runs) >= 6
-    for actual, expected in zip(compiled([x, y, t, i]), gathers_in_the_middle(x, y, t, i)):
-        torch.testing.assert_close(actual, expected)
+    assert len(runs) == 1 and "launch_kernels(0, t_1, buf0, 1, i_1, t_1, buf0, buf1, 2, " in runs[0], runs
+    torch.testing.assert_close(compiled([t, i]), gathers_in_the_middle(t, i))
     with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 10"):
-        compiled([x, y, t, torch.tensor([0, 10, 1])])
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # the ATen call between two runs
-        compiled([x, torch.zeros_like(y), t, i])
-    for actual, expected in zip(compiled([x, y, t, i]), gathers_in_the_middle(x, y, t, i)):
-        torch.testing.assert_close(actual, expected)
+        compiled([t, torch.tensor([0, 10, 1])])
+    torch.testing.assert_close(compiled([t, i]), gathers_in_the_middle(t, i))
 
 
-def test_the_wrapper_without_runs_computes_the_same(monkeypatch, our_own_math):
-    monkeypatch.setattr(wrapper, "RUN_KERNELS_TOGETHER", False)
+@pytest.mark.parametrize("together", [True, False], ids=["runs", "one call per kernel"])
+def test_an_aten_error_between_runs_raises_and_results_equal_eager(together, monkeypatch, our_own_math):
+    monkeypatch.setattr(wrapper, "RUN_KERNELS_TOGETHER", together)
     x, y = torch.randint(0, 9, (8, 8)), torch.randint(1, 5, (8,))
     t, i = torch.randn(10, 4, dtype=torch.float64), torch.tensor([0, 3, 9])
-    with config.patch(triton_on_cpu=False, cpu_codegen=True):
-        compiled = compile_fx_inner(trace(gathers_in_the_middle, x, y, t, i), [x, y, t, i])
-    assert "launch_kernels" not in compiled.compiled_graph.wrapper_source
-    for actual, expected in zip(compiled([x, y, t, i]), gathers_in_the_middle(x, y, t, i)):
-        torch.testing.assert_close(actual, expected)
+    compiled = compile_cpp(division_between_runs, x, y, t, i)
+    assert ("launch_kernels" in compiled.compiled_graph.wrapper_source) == together
+    torch.testing.assert_close(compiled([x, y, t, i]), division_between_runs(x, y, t, i))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled([x, torch.zeros_like(y), t, i])
+    with pytest.raises(IndexError, match="out of bounds"):
+        compiled([x, y, t, torch.tensor([0, 10, 1])])
+    torch.testing.assert_close(compiled([x, y, t, i]), division_between_runs(x, y, t, i))
+
+
+def test_a_run_ends_where_a_new_buffer_follows_a_free():
+    """Frees wait for a run's end; a run that went on would allocate before them, and the
+    allocator could not hand the freed memory on as the memory plan meant."""
+    from types import SimpleNamespace
+
+    from aotforge.compiler.schedule import KernelGroup
+
+    kernels = [object.__new__(KernelGroup) for _ in range(5)]
+    steps = [kernels[0], kernels[1], kernels[2], "an ATen call", kernels[3], kernels[4]]
+    fresh, reuse = SimpleNamespace(reuses=None), SimpleNamespace(reuses="buf0")
+    memory = SimpleNamespace(allocations={0: [fresh], 1: [fresh], 2: [fresh], 4: [fresh], 5: [reuse]},
+                             frees={1: ["buf0"], 4: ["buf1"]})
+    assert wrapper._kernel_runs(steps, memory) == {0: 2, 2: 3, 4: 6}
