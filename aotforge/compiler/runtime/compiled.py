@@ -165,7 +165,11 @@ def load(kind: str, lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     namespace.update(torch=torch, empty_strided=torch.empty_strided, empty_strided_cpu=launch.empty_strided_cpu,
                      empty_strided_cuda=launch.empty_strided_cuda, reinterpret_tensor=launch.reinterpret_tensor,
                      ensure_layout=launch.ensure_layout, check_mutated_input=launch.check_mutated_input,
-                     run_aten_graph=run_aten_graph)
+                     run_aten_graph=run_aten_graph, input_layouts=launch.InputLayouts())
+    if kernels and kernels[0].language == "cpp":  # the wrapper launches runs of kernels (cpp_entry.py)
+        from . import cpp_launch
+
+        namespace["launch_kernels"], namespace["kernel_error"] = cpp_launch.graph_entry(kernels, launchers)
     code = compile(program.source, f"<aotforge {kind} wrapper>", "exec")
     exec(code, namespace)
     timings["load"] = time.perf_counter() - started

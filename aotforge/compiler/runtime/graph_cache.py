@@ -574,13 +574,12 @@ def _describe_library(compiled: CompiledGraph) -> Optional[dict]:
 
 
 def _adopt_library(stored: dict, kernels: tuple) -> Any:
-    from ..codegen.cpp import translation_unit
+    from ..codegen.cpp_entry import graph_translation_unit
     from . import cpp_build
 
     if stored["cpu"] != cpp_build.cpu_identity():
         return None  # another CPU's code: the loader builds the kernels for this one
-    unique = {k.name: k for k in kernels}  # (as cpp_launch.load_kernels makes the translation unit)
-    source = translation_unit([k.source for k in unique.values()])
+    source = graph_translation_unit(kernels)  # (as cpp_launch.load_kernels makes the translation unit)
     expected = str(stored["sha256"])
     path = os.path.join(disk_cache.cache_directory(), f"cpp_graph_{expected[:48]}.so")
     if path not in cpp_build.loaded_paths():
