@@ -106,8 +106,10 @@ extern2: after: free buf4, w_1
 def call(args):
     x_1, w_1 = args
     args.clear()
-    x_1 = ensure_layout(x_1, (4, 4), (4, 1))
-    w_1 = ensure_layout(w_1, (4, 4), (4, 1))
+    if not input_layouts.check(x_1, w_1):
+        x_1 = ensure_layout(x_1, (4, 4), (4, 1))
+        w_1 = ensure_layout(w_1, (4, 4), (4, 1))
+        input_layouts.remember(x_1, w_1)
     buf0 = empty_strided_cpu((4, 4), (4, 1), torch.float32)
     kernel0.run(x_1, buf0)
     del x_1
