@@ -67,4 +67,4 @@ def test_demo_run_again_says_its_graphs_came_from_the_cache(tmp_path):
     assert "Dynamo graphs compiled: 1" in again.stdout
     assert _kernels(again.stdout) == _kernels(first.stdout) and len(_kernels(first.stdout)) == 1, again.stdout
     assert "===== graph 0: backward (its compiled program, from the cache) =====" in again.stdout
-    assert "kernel0.run(" in again.stdout
+    assert "launch_kernels(" in again.stdout  # (the C++ kernels, one call per run of them)
