@@ -116,8 +116,8 @@ def print_index(expr: sympy.Expr, floordiv: str) -> str:
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
         return "*".join([atom_(expr.base)] * int(expr.exp))
     if isinstance(expr, (sympy.Max, sympy.Min)):  # (sizes: Python's, Triton's and C++'s max/min)
-        function = ("max" if isinstance(expr, sympy.Max) else "min") + ("<int64_t>" if floordiv == "/" else "")
-        function = f"std::{function}" if floordiv == "/" else function
+        name = "max" if isinstance(expr, sympy.Max) else "min"
+        function = f"std::{name}<int64_t>" if floordiv == "/" else name
         first, *rest = sorted(expr.args, key=str)
         result = text(first)
         for arg in rest:

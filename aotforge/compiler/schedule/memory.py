@@ -112,7 +112,8 @@ SEPARATE_OUTPUTS = frozenset(getattr(torch.ops.aten, name).default for name in (
 def _reusable(lowered: LoweredGraph, plan: KernelPlan, reads: BufferReads) -> set[str]:
     """Buffers whose memory a later buffer may take once they are released: computed buffers,
     and outputs of ATen calls that alias nothing and allocate each output on its own (one
-    output, or ``SEPARATE_OUTPUTS``): a fresh tensor of the layout the graph was compiled for. Arguments of an ATen call that may return a view of them keep
+    output, or ``SEPARATE_OUTPUTS``): a fresh tensor of the layout the graph was compiled for.
+    Arguments of an ATen call that may return a view of them keep
     their memory, as that view may outlive their last use, and so do a collective's, which it
     reads until its wait."""
     viewed = {n for s in plan.steps if isinstance(s, ExternCall) and (_may_alias(s) or _in_flight(s))
