@@ -202,14 +202,17 @@ def _rewrite(graph: fx.Graph, node: fx.Node, values: fx.Node) -> bool:
 def pointwise_max_pooling(gm: fx.GraphModule) -> fx.GraphModule:
     """``max_pool2d_with_indices`` whose indices are unread -> maximum of strided slices (see
     the module's docstring)."""
-    graph = gm.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.max_pool2d_with_indices.default:
-            continue
+    for node in _poolings(gm.graph):
         values = _indices_unread(node)
         if values is not None:
-            _rewrite(graph, node, values)
+            _rewrite(gm.graph, node, values)
     return gm
+
+
+def _poolings(graph: fx.Graph) -> list[fx.Node]:
+    """The graph's 2-d max poolings (a list: the passes replace them as they go)."""
+    return [node for node in graph.nodes
+            if node.op == "call_function" and node.target is aten.max_pool2d_with_indices.default]
 
 
 def _outputs_read(node: fx.Node) -> Optional[dict[int, list[fx.Node]]]:
@@ -320,11 +323,8 @@ def pointwise_max_pooling_with_indices(gm: fx.GraphModule) -> fx.GraphModule:
     """``max_pool2d_with_indices`` whose indices are read (a training forward graph saves them
     for the backward) -> a chain of ``where`` over its taps computing eager's values and int64
     indices (see the module's docstring)."""
-    graph = gm.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.max_pool2d_with_indices.default:
-            continue
+    for node in _poolings(gm.graph):
         users = _outputs_read(node)
         if users is not None:
-            _rewrite_with_indices(graph, node, users)
+            _rewrite_with_indices(gm.graph, node, users)
     return gm
