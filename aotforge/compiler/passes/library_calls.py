@@ -379,9 +379,10 @@ def library_call_passes(gm: fx.GraphModule, kind: str) -> fx.GraphModule:
     """Passes on a graph about to get generated kernels, in order (after ``post_grad_passes``)."""
     # (these modules build on this one's helpers)
 
-    # inference: BatchNorm folded into the convolution, then NHWC
+    # inference: BatchNorm folded into the convolution, then NHWC, then max pooling's taps (a
+    # padded input is stored in the layout its producer has by then)
     # training forward: its max pooling saves the indices for the backward, computed in a kernel
-    layout_passes = ((fold_channel_affine, pointwise_max_pooling, channels_last_convolutions)
+    layout_passes = ((fold_channel_affine, channels_last_convolutions, pointwise_max_pooling)
                      if kind == "inference" else (pointwise_max_pooling, pointwise_max_pooling_with_indices)
                      if kind == "forward" else (pointwise_max_pooling,))
     return run_passes(gm, (*layout_passes, pad_matmuls, scatter_accumulate))
