@@ -60,6 +60,12 @@ class Config:
     # still fuses (aotforge/eager_rounding.py has the table and each op's reason). Off: they
     # fuse into our kernels with the C library's math (faster, an ulp off eager's here and there).
     cpu_eager_bits: bool = True
+    # Each CPU convolution of an inference graph runs NHWC or NCHW, whichever ran faster when
+    # both were timed at compile time on random tensors of its sizes (tens of ms each, at most
+    # 1.5 s a graph; compiler/passes/convolution_timing.py): which layout wins depends on the
+    # CPU. Off: a fixed rule (NCHW where the weight is over 32 times the input), for runs that
+    # must compile the same graph every time. Either way the values are the same.
+    cpu_convolution_timing: bool = True
     # Autotune large reductions over a few block sizes (results cached on disk). Off by
     # default: measured on nanoGPT-124M (H100), the heuristic's first choice ran a step as fast
     # as the tuned choices, and tuning tripled the reductions' compiles. mode="max-autotune"

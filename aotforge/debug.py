@@ -38,7 +38,8 @@ TOPICS: dict[str, str] = {
     "lowering": "ops whose lowering failed (they run as ATen extern calls)",
     "ir": "the compiler's lowered loop IR, kernel plan and memory plan, per graph",
     "output_code": "generated kernels and the wrapper program",
-    "compile": "how torch.compile routed each graph (and why nothing was fused on CPU)",
+    "compile": "how torch.compile routed each graph (and why nothing was fused on CPU); each CPU "
+               "convolution's layout, with its timings",
     "compile_time": "seconds per compile stage, per graph",
     "recompiles": "why a function was compiled again: which part of its input signature changed "
                   "(under torch.compile also Dynamo's guard failure)",

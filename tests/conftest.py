@@ -17,6 +17,10 @@ os.environ.setdefault("AOTFORGE_CACHE", "0")
 # A compiler failure raises in tests (users get eager's kernels and a warning instead), so that
 # no bug hides behind the fallback.
 os.environ.setdefault("AOTFORGE_STRICT", "1")
+# CPU convolutions take the layout rule, not a timing that other work on the machine can sway:
+# tests that check a graph's layouts see the same graph every run (the timing's own tests,
+# tests/compiler/passes/test_convolution_timing.py, turn it on).
+os.environ.setdefault("AOTFORGE_CPU_CONVOLUTION_TIMING", "0")
 
 
 # `python -m pytest -m quick`: a representative subset (about 1-2 min on a CPU), one slice of

@@ -36,6 +36,8 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
+from ...config import config
+from . import convolution_timing
 from .convolution_epilogues import fold_channel_affine
 from .fx_edits import emit_node, node_value, numel_hint, run_passes, same_sizes, size_key
 from .pooling import pointwise_max_pooling, pointwise_max_pooling_with_indices
@@ -71,7 +73,9 @@ CPU_CHANNELS_LAST_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat
 # NHWC weight picks that path) and converts the small image itself, 3.2x faster than NCHW
 # (3 -> 32 channels, 32 images of 32x32, one thread of an EPYC: 7.3 ms against 2.3 ms).
 MIN_CHANNELS_LAST_CHANNELS = 8
-# A CPU convolution whose weight outweighs its input this many times over runs NCHW: its cost is
+# A CPU convolution whose weight outweighs its input this many times over runs NCHW (the rule;
+# with config.cpu_convolution_timing, the choice of convolutions too small or too many to time,
+# see passes/convolution_timing.py; on a Xeon NCHW wins from about 2x): its cost is
 # oneDNN's reorder of the weight (on every call, from either layout) and the arithmetic, and
 # oneDNN's NHWC kernels lose at such shapes. Measured per call on one EPYC thread, 8 images:
 # 512 -> 512 channels 3x3 over 2x2 (weight 144x the input): 7.7 ms NCHW, 10.9 ms NHWC (13.9 ms
@@ -258,17 +262,26 @@ def _convolutions(gm: fx.GraphModule, devices: tuple[str, ...]) -> list[fx.Node]
     return convolutions
 
 
-def _weight_dominated(convolution: fx.Node) -> bool:
-    """A CPU convolution that runs NCHW in an NHWC graph (``MAX_CHANNELS_LAST_WEIGHT_PER_INPUT``)."""
+def _weight_dominated(convolution: fx.Node, budget: convolution_timing.Budget) -> bool:
+    """A CPU convolution that runs NCHW in an NHWC graph: the faster layout when both are timed
+    (``config.cpu_convolution_timing``), else the rule (``MAX_CHANNELS_LAST_WEIGHT_PER_INPUT``)."""
+    if convolution.meta["val"].device.type != "cpu":
+        return False
     x, weight = node_value(convolution.args[0]), node_value(convolution.args[1])
-    return (convolution.meta["val"].device.type == "cpu"
-            and numel_hint(weight) > MAX_CHANNELS_LAST_WEIGHT_PER_INPUT * numel_hint(x))
+    rule = numel_hint(weight) > MAX_CHANNELS_LAST_WEIGHT_PER_INPUT * numel_hint(x)
+    if not config.cpu_convolution_timing:
+        return rule
+    return convolution_timing.choose(convolution, _nhwc_operands(convolution), rule, budget).nchw
 
 
-def _converted_operands(convolution: fx.Node) -> tuple[int, ...]:
-    """Which operands of a convolution (0: input, 1: weight) are converted to NHWC."""
-    if _weight_dominated(convolution):
-        return ()
+def _converted_operands(convolution: fx.Node, nchw: bool) -> tuple[int, ...]:
+    """Which operands of a convolution (0: input, 1: weight) are converted to NHWC; none for
+    one that runs NCHW (``_weight_dominated``)."""
+    return () if nchw else _nhwc_operands(convolution)
+
+
+def _nhwc_operands(convolution: fx.Node) -> tuple[int, ...]:
+    """The operands converted to NHWC for a convolution that runs NHWC."""
     if node_value(convolution.args[0]).shape[1] >= MIN_CHANNELS_LAST_CHANNELS:
         # On the CPU an NHWC input alone makes oneDNN run NHWC, and it reorders the weight into
         # its own blocked layout on each call from either layout; an NHWC weight was a strided
@@ -314,14 +327,16 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
     converted: dict[fx.Node, fx.Node] = {}
     to_nchw: list[fx.Node] = []
     original_args = {convolution: convolution.args for convolution in convolutions}
+    budget = convolution_timing.Budget()  # the timing one graph may spend
+    nchw = {convolution: _weight_dominated(convolution, budget) for convolution in convolutions}
     for convolution in convolutions:
-        for index in _converted_operands(convolution):
+        for index in _converted_operands(convolution, nchw[convolution]):
             operand = convolution.args[index]
             if isinstance(operand, fx.Node) and not _is_channels_last(operand.meta["val"]) and operand not in converted:
                 converted[operand] = emit_node(gm.graph, convolution, aten.clone.default, (operand,),
                                            {"memory_format": torch.channels_last})
         convolution.args = tuple(converted.get(a, a) if i < 2 else a for i, a in enumerate(convolution.args))
-        if _weight_dominated(convolution) and isinstance(convolution.args[0], fx.Node):
+        if nchw[convolution] and isinstance(convolution.args[0], fx.Node):
             # NCHW in an NHWC graph: its input comes back to NCHW (a no-op clone is dropped below)
             back = emit_node(gm.graph, convolution, aten.clone.default, (convolution.args[0],),
                              {"memory_format": torch.contiguous_format})
