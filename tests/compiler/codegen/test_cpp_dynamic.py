@@ -5,12 +5,18 @@ of the SIMD width, 1), in NCHW, channels-last and strided layouts; and the inner
 such a kernel divides by no size (the old form: ``xindex / (ks0*ks0)`` per element)."""
 from __future__ import annotations
 
+import copy
+import itertools
 import re
 
 import pytest
+import sympy
 import torch
 from torch import nn
 
+from aotforge.compiler.codegen import cpp_nest
+from aotforge.compiler.expr import FloorDiv, ModularIndexing
+from aotforge.compiler.indexing import XINDEX
 from aotforge.compiler.pipeline import observe
 from aotforge.compiler.runtime import cpp_build
 from aotforge.config import config
@@ -108,6 +114,28 @@ def test_relu_of_a_channels_last_image_runs_as_loops_over_its_dimensions():
     assert any("for (int64_t x1 = 0" in k.source for k in kernels), [k.source for k in kernels]
 
 
+def test_the_nest_s_counters_address_the_elements_xindex_did():
+    """The rewrite is exact: for sizes of every kind (1, odd, a pooled side ``s // 2`` of 1 and
+    more; of 0 the kernel has no elements), each division of ``xindex`` equals its sum of counters at every element."""
+    s, c = (sympy.Symbol(n, integer=True, positive=True) for n in ("s7", "s9"))
+    h = FloorDiv(s, 2)
+    index = (32 * ModularIndexing(XINDEX, 1, h * h) + 32 * h * h * FloorDiv(XINDEX, c * h * h)
+             + ModularIndexing(XINDEX, h * h, c) + 5 * ModularIndexing(XINDEX, h, h))
+    numel = 3 * c * h * h
+    chain = cpp_nest._bounds([index], numel)
+    assert chain == [1, h, h * h, c * h * h]
+    counters = [sympy.Symbol(f"x{level}", integer=True, nonnegative=True) for level in range(len(chain))]
+    rewritten = cpp_nest._counters(index, chain, counters)
+    assert not any(XINDEX in a.free_symbols for a in rewritten.atoms(FloorDiv, ModularIndexing))
+    for s_value, c_value in itertools.product((2, 3, 5, 8), (1, 3, 4)):
+        sizes = {s: s_value, c: c_value}
+        bounds = [int(b.subs(sizes)) for b in chain]
+        extents = [int((chain[i + 1] / chain[i]).subs(sizes)) for i in range(len(chain) - 1)] + [3]
+        for digits in itertools.product(*[range(e) for e in extents]):
+            flat = sum(d * b for d, b in zip(digits, bounds))
+            assert index.subs(sizes).subs(XINDEX, flat) == rewritten.subs(sizes).subs(dict(zip(counters, digits)))
+
+
 def test_old_form_is_caught_by_the_check():
     """The check itself: the one-loop form with per-element divisions fails it."""
     class Kernel:
@@ -125,7 +153,6 @@ def test_conv_net_training_step_over_symbolic_sizes_matches_eager():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
                           nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
-    import copy
     eager, compiled_model = model, copy.deepcopy(model)
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model, backend="aotforge", dynamic=True)
