@@ -26,6 +26,7 @@ import sympy
 
 from ..expr import FloorDiv, ModularIndexing
 from ..indexing import XINDEX
+from ..sizes import is_size_symbol
 from .kernel import print_index
 
 
@@ -38,8 +39,14 @@ def _divides(small: sympy.Expr, large: sympy.Expr) -> bool:
         return False
     coefficient, rest = numerator.as_coeff_Mul()
     return coefficient.is_Integer and coefficient > 0 and all(
-        (f.is_Symbol or isinstance(f, FloorDiv) or (f.is_Pow and f.exp.is_Integer and f.exp > 0))
-        for f in sympy.Mul.make_args(rest) if f != 1)
+        _is_size(f.base if f.is_Pow and f.exp.is_Integer and f.exp > 0 else f) for f in sympy.Mul.make_args(rest) if f != 1)
+
+
+def _is_size(factor: sympy.Expr) -> bool:
+    """A size symbol, or a size divided by a constant (a pooled side ``s // 2``)."""
+    if isinstance(factor, FloorDiv):
+        return factor.args[1].is_Integer and _is_size(factor.args[0])
+    return factor.is_Symbol and is_size_symbol(factor)
 
 
 def _bounds(indices: list[sympy.Expr], numel: sympy.Expr) -> Optional[list[sympy.Expr]]:
