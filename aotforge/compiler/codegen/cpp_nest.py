@@ -10,8 +10,9 @@ are the bounds of the dimensions of a mixed-radix number, ``xindex = x0 + s*s*x1
 (x0 < s*s, x1 < 32), and each division of ``xindex`` is a sum of those counters
 (``xindex / (s*s) % 32`` is ``x1``). The loops nest outermost first, except that the counter
 most indices step by one (the stores' first) runs innermost, so that its loop is contiguous and
-vectorizes: the conv net's in-place ReLU over 1M channels-last floats, 21 ms a call with the
-divisions, became a loop over channels of GCC-vectorized loads and stores.
+vectorizes: the conv net's in-place ReLU over 1M channels-last floats becomes a loop over
+channels. The conv net's inference step under symbolic sizes went 57 -> 28 ms (static sizes:
+20 ms; with cpp_nest and indexing.py's folding of symbolic strides, one thread, one process).
 
 Only where every division of the kernel's indices is of ``xindex`` itself and the bounds
 divide one another (a chain, as ``split_flat`` makes them); else the kernel keeps its one loop.
