@@ -13,6 +13,7 @@ import sympy
 
 from .expr import FloorDiv, ModularIndexing
 from .ir import ReductionBody, product, same_size, strided_index
+from .sizes import size_symbols
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -41,7 +42,7 @@ def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     """Fold the pieces that ``split_flat`` produced back together where a contiguous access
     recombines them: ``m*FloorDiv(a, d*m) + ModularIndexing(a, d, m) -> FloorDiv(a, d)`` and
     ``m*ModularIndexing(a, d*m, M) + ModularIndexing(a, d, m) -> ModularIndexing(a, d, m*M)``."""
-    expr = sympy.expand(_simplify_arguments(expr))
+    expr = sympy.expand(_divisors_are_positive(_simplify_arguments(expr)))
     changed = True
     while changed:
         changed = False
@@ -68,12 +69,32 @@ def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     return expr
 
 
+def _divisors_are_positive(expr: sympy.Expr) -> sympy.Expr:
+    """``Max(1, m) -> m`` for each ``m`` the index divides by (a factor of a divisor or modulus):
+    the index is only computed where that division is defined, so ``m >= 1`` there. A contiguous
+    layout's strides over symbolic sizes are ``Max(1, size)`` (torch's), which kept
+    ``(r / h)*Max(1, h) + r % h`` from folding into ``r`` (two divisions per element of the conv
+    net's ReLU + mean under symbolic sizes)."""
+    maxima = [m for m in expr.atoms(sympy.Max) if len(m.args) == 2 and sympy.Integer(1) in m.args]
+    if not maxima:
+        return expr
+    divisors = set()
+    for atom in expr.atoms(FloorDiv, ModularIndexing):
+        for bound in atom.args[1:]:
+            divisors.update(f.base if f.is_Pow else f for f in sympy.Mul.make_args(bound))
+    replacements = {m: other for m in maxima for other in m.args if other != 1 and other in divisors}
+    return expr.xreplace(replacements) if replacements else expr
+
+
 def _split_term(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
     """(coefficient, factor) of a product, the factor being its one integer-division factor
     when it has one (``32*s0*FloorDiv(x, s0)`` -> ``(32*s0, FloorDiv(x, s0))``), so that
-    symbolic coefficients match as numbers do."""
+    symbolic coefficients match as numbers do. A size's own division (``FloorDiv(s0, 4)``, a
+    pooled image's side) is part of the coefficient: counted as a second division factor, it
+    left ``128*h*(rindex / h) + 128*(rindex % h)`` unmerged, two divisions per element of the
+    conv net's global mean under symbolic sizes."""
     factors = sympy.Mul.make_args(term)
-    divisions = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing))]
+    divisions = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing)) and not size_symbols(f) >= f.free_symbols]
     if len(divisions) != 1:
         return term.as_coeff_Mul()
     return sympy.Mul(*[f for f in factors if f is not divisions[0]]), divisions[0]

@@ -47,6 +47,19 @@ def test_a_split_index_merges_back():
         assert _value(simplify_index(kept), at) == 6144 * (at // 512 // 12) + (at // 512) % 12
 
 
+
+def test_a_split_index_over_symbolic_sizes_merges_back():
+    """A pooled side ``h = FloorDiv(s, 4)`` in a coefficient is a size, not a second division of
+    the index; torch's contiguous strides ``Max(1, h)`` are ``h`` where the index divides by h
+    (the division is only computed for h >= 1). Both kept the conv net's ReLU + mean under
+    symbolic sizes at two divisions per element."""
+    s = sympy.Symbol("s34", integer=True, positive=True)
+    h, r = FloorDiv(s, 4), sympy.Symbol("rindex", integer=True, nonnegative=True)
+    assert simplify_index(128 * h * FloorDiv(r, h) + 128 * ModularIndexing(r, 1, h) + x) == 128 * r + x
+    wide = sympy.Max(1, h)
+    assert simplify_index(wide * FloorDiv(r, h) + ModularIndexing(r, 1, h) + x * wide ** 2) == r + x * h ** 2
+    assert simplify_index(x * wide) == x * wide  # (no division by h: h may be 0, the stride 1)
+
 @pytest.mark.parametrize("triton", [False, True], ids=["cpp", "triton"])
 def test_softmax_backward_through_a_view_is_one_kernel(triton):
     """The row sum and the pointwise that reads it through a view (then a cast) share a kernel

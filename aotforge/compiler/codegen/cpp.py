@@ -48,6 +48,7 @@ from .. import index_checks
 from ..dtypes import compute_dtype
 from ..reduction_kinds import ReductionKind
 from .kernel import KernelShape, Printer, RowLoop, print_index
+from .cpp_nest import loop_nest
 from .cpp_ops import ACCUMULATE, ARITHMETIC, BEATS, CPP_STORAGE_TYPE, CPP_TYPE, PREDICATES, PRELUDE, spell
 from .cpp_sums import (SUM_PRELUDE, blocks_in_cascade, cascaded, column_groups, columns_in_cascade,
                        columns_in_row_sum_order, row_in_cascade, split_off_sums, split_rows_in_cascade, sum_accumulators)
@@ -102,9 +103,16 @@ class CppPrinter(Printer):
         # Welford): with cpu_eager_bits those ops stay ATen calls (aotforge/eager_rounding.py)
         return config.cpu_eager_bits
 
+    def __init__(self) -> None:
+        # each index text of the kernel being built, with its expression: the loop nest of a
+        # kernel over symbolic sizes (cpp_nest.py) rewrites its divisions
+        self.printed: dict[str, sympy.Expr] = {}
+
     def index(self, expr: sympy.Expr) -> str:
         # every index variable is an int64_t, and sizes are non-negative: C++'s ``/`` floors
-        return print_index(expr, "/")
+        text = print_index(expr, "/")
+        self.printed[text] = expr
+        return text
 
     def assign(self, name: str, expression: str) -> str:
         return f"auto {name} = {expression};"
@@ -244,16 +252,20 @@ class CppPrinter(Printer):
         return ["    }", f"    {RETURN}", "}"]
 
     def body(self, lines: list[str], loops: list[RowLoop], shape: KernelShape) -> list[str]:
-        """Three arrangements of the same lines: a reduction down columns (its rows are not
+        """Four arrangements of the same lines: a reduction down columns (its rows are not
         contiguous) walks a tile of columns per row, so that the columns' loads vectorize
         (``_columns``); a pointwise kernel over rows of a broadcast operand walks rows then
-        columns, so that ``xindex % C`` becomes a plain loop counter (``_rows_of``); else
-        one loop over outputs, each walking its row (the builder's own order)."""
+        columns, so that ``xindex % C`` becomes a plain loop counter (``_rows_of``), or, over
+        symbolic sizes, as a nest of loops, one per dimension its indices divide ``xindex`` by
+        (``cpp_nest.loop_nest``); else one loop over outputs, each walking its row (the builder's own order)."""
         arranged = None
         if shape.is_reduction and not shape.reduction_contiguous:
             arranged = _columns(lines, loops, shape)
         elif not shape.is_reduction:
-            arranged = _rows_of(lines, shape)
+            arranged = (loop_nest(lines, self.printed, shape.numel, ["    " + ERROR_LOCALS], [f"    {RETURN}", "}"],
+                                  _parallel_for("xnumel"))
+                        or _rows_of(lines, shape))
+        self.printed = {}  # (the next kernel's)
         if arranged is None:
             arranged = super().body(_split_row_loops(lines, loops, shape), loops, shape)
         if any("aot_detail" in line for line in lines):
