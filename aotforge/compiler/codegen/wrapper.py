@@ -27,6 +27,7 @@ The program only renders decisions made by earlier stages; it decides nothing it
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -68,6 +69,8 @@ INT32_MAX = 2**31 - 1
 # one call (codegen/cpp_entry.py)
 CHECK_INPUTS_ONCE = True
 RUN_KERNELS_TOGETHER = True
+# Frees and fresh allocations of fewer bytes do not end a run of kernels (_kernel_runs)
+SMALL_BUFFER_BYTES = 4096
 
 
 class _Writer:
@@ -219,7 +222,7 @@ def emit_wrapper(lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     sources = {k.group: k for k in kernels}
     # C++ kernels: each run of consecutive kernels is one call into the translation unit
     together = RUN_KERNELS_TOGETHER and kernels and all(k.language == "cpp" for k in kernels)
-    runs = _kernel_runs(plan.steps, memory) if together else {}
+    runs = _kernel_runs(plan.steps, memory, writer.buffers) if together else {}
     positions = {k.group: i for i, k in enumerate(kernels)}
     skip_to = 0
     for index, step in enumerate(plan.steps):
@@ -243,23 +246,36 @@ def emit_wrapper(lowered: LoweredGraph, plan: KernelPlan, memory: MemoryPlan,
     return Program("\n".join(lines) + "\n", writer.namespace)
 
 
-def _kernel_runs(steps, memory: MemoryPlan) -> dict[int, int]:
+def _kernel_runs(steps, memory: MemoryPlan, buffers: dict) -> dict[int, int]:
     """The runs of consecutive kernel steps: {first step: the step after the run}. A run ends
     before a kernel that allocates a new buffer after an earlier kernel of the run freed one
     (frees wait for the run's end): the allocator then sees the allocations and frees in the
     memory plan's order, and can hand the freed memory on as before (a convolution net's
-    backward was 1-2% slower with such runs, its large buffers taken anew from the system)."""
+    backward was 1-2% slower with such runs, its large buffers taken anew from the system).
+    Buffers under ``SMALL_BUFFER_BYTES`` do not count: MobileNetV3's 34 BatchNorm counters
+    (``num_batches_tracked + 1``, each freeing the old one's reference) were 34 calls, not one."""
+    def large(names) -> bool:
+        return any(_nbytes(buffers.get(name)) >= SMALL_BUFFER_BYTES for name in names)
+
     runs: dict[int, int] = {}
     start, freed = None, False
     for index, step in enumerate([*steps, None]):
         kernel = isinstance(step, KernelGroup)
-        fresh = kernel and any(a.reuses is None for a in memory.allocations.get(index, ()))
+        fresh = kernel and large(a.buffer for a in memory.allocations.get(index, ()) if a.reuses is None)
         if start is not None and (not kernel or (freed and fresh)):
             runs[start], start = index, None
         if kernel:
             start, freed = (index, False) if start is None else (start, freed)
-            freed = freed or bool(memory.frees.get(index))
+            freed = freed or large(memory.frees.get(index, ()))
     return runs
+
+
+def _nbytes(buffer: Any) -> float:
+    """A buffer's size in bytes; infinite when not known (symbolic sizes, no such buffer)."""
+    try:
+        return math.prod(int(n) for n in buffer.layout.size) * buffer.dtype.itemsize
+    except (AttributeError, TypeError):
+        return math.inf
 
 
 def guard_device(lines: list[str], device: "torch.device | None") -> list[str]:

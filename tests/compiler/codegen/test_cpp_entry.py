@@ -4,6 +4,8 @@ kernel, which raises its own error as a lone launch did (eager's exception and m
 the kernel), and a call that does not match the graph's kernels is refused, never run."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import sympy
 import torch
@@ -142,13 +144,26 @@ def test_an_aten_error_between_runs_raises_and_results_equal_eager(together, mon
 def test_a_run_ends_where_a_new_buffer_follows_a_free():
     """Frees wait for a run's end; a run that went on would allocate before them, and the
     allocator could not hand the freed memory on as the memory plan meant."""
-    from types import SimpleNamespace
-
     from aotforge.compiler.schedule import KernelGroup
 
     kernels = [object.__new__(KernelGroup) for _ in range(5)]
     steps = [kernels[0], kernels[1], kernels[2], "an ATen call", kernels[3], kernels[4]]
-    fresh, reuse = SimpleNamespace(reuses=None), SimpleNamespace(reuses="buf0")
+    fresh, reuse = SimpleNamespace(reuses=None, buffer="new"), SimpleNamespace(reuses="buf0", buffer="buf2")
     memory = SimpleNamespace(allocations={0: [fresh], 1: [fresh], 2: [fresh], 4: [fresh], 5: [reuse]},
                              frees={1: ["buf0"], 4: ["buf1"]})
-    assert wrapper._kernel_runs(steps, memory) == {0: 2, 2: 3, 4: 6}
+    large = _buffer((64, 64), torch.float32)
+    buffers = {"buf0": large, "buf1": large, "buf2": large, "new": large}
+    assert wrapper._kernel_runs(steps, memory, buffers) == {0: 2, 2: 3, 4: 6}
+    # a small free (a counter's old value) or a small new buffer does not end a run
+    for small in ("buf0", "new"):
+        sizes = dict(buffers, **{small: _buffer((), torch.int64)})
+        assert wrapper._kernel_runs(steps, memory, sizes) == {0: 3, 4: 6}, small
+    # a buffer of unknown (symbolic) size counts as large
+    symbolic = dict(buffers, buf0=_buffer((sympy.Symbol("s0"),), torch.int64), new=_buffer((), torch.int64))
+    assert wrapper._kernel_runs(steps, memory, symbolic) == {0: 3, 4: 6}
+    symbolic = dict(buffers, buf0=_buffer((sympy.Symbol("s0"),), torch.int64))
+    assert wrapper._kernel_runs(steps, memory, symbolic) == {0: 2, 2: 3, 4: 6}
+
+
+def _buffer(size, dtype):
+    return SimpleNamespace(layout=SimpleNamespace(size=list(size)), dtype=dtype)
