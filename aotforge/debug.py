@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .config import did_you_mean
 
@@ -232,16 +232,32 @@ def _trace_structured(kind: str, name: str, payload_fn, scope: Optional[CompileS
         trace_structured(kind, metadata_fn=lambda: metadata, payload_fn=payload_fn)
 
 
-def artifact(topic: str, name: str, text: str, suffix: str = ".py") -> None:
+def artifact(topic: str, name: str, text: "str | Callable[[], str]", suffix: str = ".py") -> None:
     """Print ``text`` if ``topic`` is being logged, write it to the dump dir if set, send it
-    to TORCH_TRACE, and keep it in the current compile scope (for ``aotforge.inspect``)."""
+    to TORCH_TRACE, and keep it in the current compile scope (for ``aotforge.inspect``).
+    ``text`` may be a function making it, called only when one of those reads it: printing
+    ResNet-18's lowered IR took 3 s of a 15 s compile that nobody asked to see."""
     scope = _scope_for(topic, name)
+    if callable(text):
+        text = LazyText(text)
     scope.artifacts.append((topic, name, text))
     if enabled(topic):
         print(f"===== aotforge {topic}: {name} =====\n{text}", file=sys.stderr)
     if dump_dir():
-        scope.write(name, text, suffix)
-    _trace_structured("artifact", name, lambda: text, scope)
+        scope.write(name, str(text), suffix)
+    _trace_structured("artifact", name, lambda: str(text), scope)
+
+
+class LazyText:
+    """A text made when first read (``str()``), once."""
+
+    def __init__(self, make: "Callable[[], str]"):
+        self._make, self._text = make, None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = self._make()
+        return self._text
 
 
 def user_frame(stack_trace: str) -> str:

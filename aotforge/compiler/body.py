@@ -74,6 +74,7 @@ class _Capture:
     def __init__(self) -> None:
         self.count = 0
         self.blocks: list[list[Instruction]] = [[]]
+        self.scopes = [0]  # a number per open block: a value recorded in one is read in it only
 
     def _add(self, op: str, args: tuple) -> Ref:
         instruction = Instruction(self.count, op, args)
@@ -84,12 +85,18 @@ class _Capture:
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         return indirect_symbol(self._add("indirect_indexing", (value, size, check)).number)
 
+    @property
+    def scope(self) -> int:
+        return self.scopes[-1]
+
     def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> Ref:
         self.blocks.append([])
+        self.scopes.append(self.count)  # (a fresh number: no instruction has it yet)
         try:
             result = body()
         finally:
             inner = self.blocks.pop()
+            self.scopes.pop()
         return self._add("masked", (mask, Code(tuple(inner), result), other))
 
     def __getattr__(self, name: str) -> Any:

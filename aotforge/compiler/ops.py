@@ -60,6 +60,12 @@ class _OpsProxy:
 ops = _OpsProxy()
 
 
+def current_handler() -> Any:
+    """The handler ``ops`` calls go to now (None outside of a loop body)."""
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
 @contextlib.contextmanager
 def use_handler(handler: Any) -> Iterator[Any]:
     stack = getattr(_state, "stack", None)

@@ -182,15 +182,15 @@ def _compile_to_kernels(kind: str, gm: fx.GraphModule, sizes: SizeVars, clock: "
     printer = _printer(gm)
     with clock("lower"), config.patch(**printer.lowering_config):
         lowered = lower(gm, sizes, eager_rounding=printer.keeps_eager_rounding)  # LoweredGraph
-    debug.artifact("ir", f"{kind}_lowered", str(lowered), ".txt")
+    debug.artifact("ir", f"{kind}_lowered", lambda: str(lowered), ".txt")
     with clock("schedule"):
         reads = analyze_reads(lowered)                     # BufferReads: who reads what, once
         plan = fuse(lowered, reads)                        # KernelPlan: kernels and extern calls
         memory = plan_memory(lowered, plan, reads)         # MemoryPlan: allocations, reuse, frees
-    debug.artifact("ir", f"{kind}_kernel_plan", str(plan), ".txt")
+    debug.artifact("ir", f"{kind}_kernel_plan", lambda: str(plan), ".txt")
     if plan.refusals:
-        debug.artifact("ir", f"{kind}_fusion_refusals", plan.describe_refusals(), ".txt")
-    debug.artifact("ir", f"{kind}_memory_plan", str(memory), ".txt")
+        debug.artifact("ir", f"{kind}_fusion_refusals", plan.describe_refusals, ".txt")
+    debug.artifact("ir", f"{kind}_memory_plan", lambda: str(memory), ".txt")
     with clock("codegen"):
         kernels = emit_kernels(lowered, plan, reads, printer)  # KernelSource per kernel group
         program = emit_wrapper(lowered, plan, memory, kernels)  # the wrapper's Python source
