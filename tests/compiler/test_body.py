@@ -122,3 +122,33 @@ def test_the_triton_printer_spells_every_instruction():
     assert set(triton_ops.ARITHMETIC) == ARITHMETIC
     assert set(triton_ops.PREDICATES) == PREDICATES
 
+
+
+def test_a_value_read_twice_is_captured_once():
+    # max pooling's taps are a chain of selects, each reading the best so far twice: captured
+    # as a tree, n links were 2^n loads of the first tap (a 5 x 5 window: hours to compile)
+    x = ir.Pointwise([sympy.Integer(4)], torch.float32, torch.device("cpu"), lambda index: ops.load("x", index[0]))
+    best = x
+    for link in range(12):
+        prev = best.make_loader()
+        best = ir.Pointwise(best.size, best.dtype, best.device,
+                            lambda index, prev=prev: ops.where(ops.gt(ops.constant(float(link), torch.float32),
+                                                                      prev(index)), prev(index), prev(index)))
+    code = capture(best.make_loader(), index_symbols("i", 1))
+    loads = [i for i in code.walk() if i.op == "load"]
+    assert len(loads) == 1, len(loads)
+    assert len(list(code.walk())) < 100
+
+
+def test_a_value_read_inside_and_outside_a_masked_block_is_recorded_in_each():
+    # a value recorded in a masked block exists only there: read after it, it is recorded again
+    x = ir.Pointwise([sympy.Integer(4)], torch.float32, torch.device("cpu"), lambda index: ops.load("x", index[0]))
+    load = x.make_loader()
+
+    def body(index):
+        inner = ops.masked(ops.lt(index[0], 2), lambda: load(index), 0.0)
+        return ops.add(inner, load(index))
+    code = capture(body, index_symbols("i", 1))
+    outer = [i for i in code.instructions if i.op == "load"]
+    masked = next(i for i in code.instructions if i.op == "masked")
+    assert len(outer) == 1 and [i.op for i in masked.args[1].instructions] == ["load"]
