@@ -98,7 +98,6 @@ class GraphLowering:
             if isinstance(viewed, StorageView):
                 return viewed
         size = value.size
-        stride_hint = stride_hint if stride_hint is not None else getattr(value, "stride_hint", None)
         if stride_hint is not None and ir.is_non_overlapping_dense(size, stride_hint, self.sizes.hint):
             order = sorted(range(len(size)), key=lambda d: (-self.sizes.hint(stride_hint[d]), d))
             moved = [d for d in order if size[d] != 1]

@@ -6,7 +6,7 @@ from typing import Any, Callable
 import torch
 
 from ..dtypes import compute_dtype
-from ..ir import Pointwise, StorageView, Value, contiguous_strides, same_size, sympify_size
+from ..ir import Pointwise, StorageView, Value, same_size, sympify_size
 from ..ops import ops
 from .registry import LoweringContext, NotLowerable, broadcast_loader, broadcast_shapes, promoted_dtype, register
 
@@ -214,25 +214,11 @@ def clone(ctx: LoweringContext, x: Value, *, memory_format: Any = None) -> Value
     clone of a view with other strides (``x.unsqueeze(2).expand(...).clone()``, stride 0)
     becomes a lazy copy, which a graph output realizes with eager's strides."""
     val = ctx.value
-    if not isinstance(val, torch.Tensor) or len(val.shape) != len(x.size):
-        return x
-    expected = sympify_size(val.stride())  # expressions: comparing them adds no guard
-    if isinstance(x, StorageView):
-        if not _same_strides(x.size, x.stride, expected):
+    if isinstance(x, StorageView) and isinstance(val, torch.Tensor) and len(val.shape) == len(x.size):
+        expected = sympify_size(val.stride())  # expressions: comparing them adds no guard
+        if not all(n == 1 or same_size(s, e) for n, s, e in zip(x.size, x.stride, expected)):
             return Pointwise(x.size, x.dtype, x.device, x.make_loader())
-        return x
-    if getattr(x, "view_of", None) is not None or not _same_strides(x.size, contiguous_strides(x.size), expected):
-        # A copy stored in eager's strides, should something read its storage (as_strided):
-        # not through the view it copies (whose base is stored in the base's strides), nor
-        # contiguous where eager's copy is channels-last.
-        copy = Pointwise(x.size, x.dtype, x.device, x.make_loader())
-        copy.stride_hint = expected
-        return copy
     return x
-
-
-def _same_strides(size, stride, expected) -> bool:
-    return all(n == 1 or same_size(s, e) for n, s, e in zip(size, stride, expected))
 
 
 @register(aten.copy.default)

@@ -272,15 +272,17 @@ def unbind(ctx: LoweringContext, x: Value, dim: int = 0) -> tuple:
 @register(aten.as_strided.default)
 def as_strided(ctx: LoweringContext, x: Value, size: Sequence[int], stride: Sequence[int], storage_offset: Any = None) -> Value:
     """Only on a buffer we own, whose storage starts at its data pointer. The strides index
-    ``x``'s storage as eager lays it out: a value not yet stored is stored in ``x``'s eager
-    strides (a channels-last clone realized contiguous had the taps read the wrong elements)."""
+    ``x``'s storage as eager lays it out, so ``x`` is read from a buffer in its eager strides:
+    stored so if not stored yet, or copied so if stored otherwise (a lazy clone is its source
+    until stored: a channels-last clone of a pad, a ``permute().contiguous()`` stored as the
+    permuted base, had the taps read the wrong elements)."""
     source = ctx.node.args[0] if ctx.node.args else None
     source_val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
     eager_stride = sympify_size(source_val.stride()) if isinstance(source_val, torch.Tensor) else None
     x = ctx.realize(x, eager_stride)
-    if eager_stride is not None and isinstance(x, StorageView) and not all(
+    if eager_stride is not None and not all(
             n == 1 or same_size(s, e) for n, s, e in zip(x.size, x.stride, eager_stride)):
-        raise NotLowerable("as_strided over a value stored in strides other than eager's")
+        x = ctx.realize(Pointwise(x.size, x.dtype, x.device, x.make_loader()), eager_stride)
     base_offset = getattr(x.buffer, "storage_offset", 0)
     offset = sympy.sympify((storage_offset if storage_offset is not None else base_offset) - base_offset)
     if static_int(offset) is None or static_int(offset) < 0:
