@@ -39,6 +39,10 @@ class Epilogue:
         ]
         if len(self.batched) < 2:
             self.batched = []
+        self.one_by_one = [
+            (index, info, position) for position, (index, info) in enumerate(self.mutated)
+            if position not in self.batched
+        ]
         self.metadata_mutated = [
             (i, info) for i, info in enumerate(meta.input_info) if info.mutates_metadata
         ]
@@ -72,10 +76,8 @@ class Epilogue:
             _write_back_together(
                 [args[self.mutated[p][0]] for p in self.batched], [graph_outputs[p] for p in self.batched]
             )
-        batched = set(self.batched)
-        for position, ((index, info), updated) in enumerate(zip(self.mutated, graph_outputs)):
-            if position in batched:
-                continue
+        for index, info, position in self.one_by_one:
+            updated = graph_outputs[position]
             if info.storage_swapped:  # set_() to a tensor made inside: the input takes it
                 _swap_storage(args[index], info, updated)
                 continue

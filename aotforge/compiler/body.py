@@ -75,6 +75,7 @@ class _Capture:
         self.count = 0
         self.blocks: list[list[Instruction]] = [[]]
         self.scopes = [0]  # a number per open block: a value recorded in one is read in it only
+        self.opened = 0  # blocks opened so far (each gets its own number)
 
     def _add(self, op: str, args: tuple) -> Ref:
         instruction = Instruction(self.count, op, args)
@@ -91,7 +92,8 @@ class _Capture:
 
     def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> Ref:
         self.blocks.append([])
-        self.scopes.append(self.count)  # (a fresh number: no instruction has it yet)
+        self.opened += 1
+        self.scopes.append(self.opened)
         try:
             result = body()
         finally:

@@ -152,3 +152,24 @@ def test_a_value_read_inside_and_outside_a_masked_block_is_recorded_in_each():
     outer = [i for i in code.instructions if i.op == "load"]
     masked = next(i for i in code.instructions if i.op == "masked")
     assert len(outer) == 1 and [i.op for i in masked.args[1].instructions] == ["load"]
+
+
+def test_nested_masked_blocks_opened_back_to_back_keep_their_values_apart():
+    # the inner block opens before the outer one records anything: a value recorded in the
+    # inner block must still be recorded again in the outer one
+    x = ir.Pointwise([sympy.Integer(4)], torch.float32, torch.device("cpu"), lambda index: ops.load("x", index[0]))
+    load = x.make_loader()
+
+    def body(index):
+        mask = ops.lt(index[0], 2)
+
+        def outer():
+            inner = ops.masked(mask, lambda: load(index), 0.0)
+            return ops.add(inner, load(index))
+        return ops.masked(mask, outer, 0.0)
+    code = capture(body, index_symbols("i", 1))
+    (outer,) = [i for i in code.instructions if i.op == "masked"]
+    outer_block = outer.args[1].instructions
+    (inner,) = [i for i in outer_block if i.op == "masked"]
+    assert [i.op for i in inner.args[1].instructions] == ["load"]
+    assert [i.op for i in outer_block if i.op == "load"] == ["load"]

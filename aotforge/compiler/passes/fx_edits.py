@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import sympy
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
@@ -64,3 +65,20 @@ def numel_hint(value: torch.Tensor) -> Optional[int]:
             return None
         total *= hint
     return total
+
+
+def dense_in(value: torch.Tensor, order: tuple[int, ...]) -> bool:
+    """Whether ``value`` is dense with its dimensions laid out in ``order`` (innermost last),
+    read from its sizes' and strides' expressions: no guard on symbolic sizes."""
+    expected = 1
+    for dim in reversed(order):
+        size = size_key(value.shape[dim])
+        if size != 1 and sympy.expand(sympy.sympify(size_key(value.stride()[dim])) - expected) != 0:
+            return False
+        expected = sympy.sympify(expected) * size
+    return True
+
+
+def is_channels_last(value: Any) -> bool:
+    """A 4-d value dense in NHWC order (guard-free, as ``dense_in``)."""
+    return value.dim() == 4 and dense_in(value, (0, 2, 3, 1))

@@ -31,7 +31,6 @@ import logging
 import math
 from typing import Any, Optional, Sequence
 
-import sympy
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
@@ -39,7 +38,7 @@ from torch._guards import detect_fake_mode
 from ...config import config
 from . import convolution_timing
 from .convolution_epilogues import fold_channel_affine
-from .fx_edits import emit_node, node_value, numel_hint, run_passes, same_sizes, size_key
+from .fx_edits import dense_in, emit_node, is_channels_last, node_value, numel_hint, run_passes, same_sizes
 from .pooling import pointwise_max_pooling, pointwise_max_pooling_with_indices
 
 log = logging.getLogger("aotforge")
@@ -223,27 +222,11 @@ def scatter_accumulate(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _dense_in(value: torch.Tensor, order: tuple[int, ...]) -> bool:
-    """Whether ``value`` is dense with its dimensions laid out in ``order`` (innermost last),
-    read from its sizes' and strides' expressions: no guard on symbolic sizes."""
-    expected = 1
-    for dim in reversed(order):
-        size = size_key(value.shape[dim])
-        if size != 1 and sympy.expand(sympy.sympify(size_key(value.stride()[dim])) - expected) != 0:
-            return False
-        expected = sympy.sympify(expected) * size
-    return True
-
-
-def _is_channels_last(value: Any) -> bool:
-    return value.dim() == 4 and _dense_in(value, (0, 2, 3, 1))
-
-
 def _memory_format(value: torch.Tensor) -> Optional[torch.memory_format]:
     """The memory format a graph output is dense in (what a clone restores), or None."""
-    if _dense_in(value, tuple(range(value.dim()))):
+    if dense_in(value, tuple(range(value.dim()))):
         return torch.contiguous_format
-    return torch.channels_last if _is_channels_last(value) else None
+    return torch.channels_last if is_channels_last(value) else None
 
 
 def _convolutions(gm: fx.GraphModule, devices: tuple[str, ...]) -> list[fx.Node]:
@@ -332,7 +315,7 @@ def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModu
     for convolution in convolutions:
         for index in _converted_operands(convolution, nchw[convolution]):
             operand = convolution.args[index]
-            if isinstance(operand, fx.Node) and not _is_channels_last(operand.meta["val"]) and operand not in converted:
+            if isinstance(operand, fx.Node) and not is_channels_last(operand.meta["val"]) and operand not in converted:
                 converted[operand] = emit_node(gm.graph, convolution, aten.clone.default, (operand,),
                                            {"memory_format": torch.channels_last})
         convolution.args = tuple(converted.get(a, a) if i < 2 else a for i, a in enumerate(convolution.args))

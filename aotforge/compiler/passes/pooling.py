@@ -19,8 +19,8 @@ After::
     out = best
 
 Padding (and ``ceil_mode``'s partial windows) read ``-inf`` from a ``constant_pad_nd``, stored
-in the input's layout before the taps read it (``_taps``). A tap replaces the best when greater or NaN, as in ATen's kernel: NaN
-propagates and a tie keeps the earlier tap (+0.0 before -0.0).
+in the input's layout before the taps read it (``_taps``). A tap replaces the best when greater
+or NaN, as in ATen's kernel: NaN propagates and a tie keeps the earlier tap (+0.0 before -0.0).
 
 A training forward graph saves the indices for ``max_pool2d_with_indices_backward`` (an ATen
 call, fast in either layout). ``pointwise_max_pooling_with_indices`` computes both outputs in
@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
-from .fx_edits import emit_node, node_value
+from .fx_edits import emit_node, is_channels_last, node_value
 
 aten = torch.ops.aten
 
@@ -133,18 +133,18 @@ def _taps(graph: fx.Graph, node: fx.Node, source: fx.Node, out: Any, arguments: 
     after = [max(0, r - p - size) for r, p, size in zip(reach, padding, (height, width))]
     padded = source
     if any(padding) or any(after):
+        # A padded input is stored (padding and all) before the taps read it: read through the
+        # pad, each tap is a load under a mask (its row and column inside the input), which GCC
+        # 12 leaves scalar and branchy, and the producer (BatchNorm, ReLU) is recomputed in each
+        # tap. ResNet's 3 x 3 / 2 pooling (padding 1) over 8 x 64 x 32 x 32 NHWC after BatchNorm
+        # + ReLU, one thread of a busy EPYC: 30.8 ms a call as masked taps, 1.1 ms stored (ATen's:
+        # 7.4 ms on a Xeon); ResNet-18's inference step on the Xeon 0.92x -> 1.05x eager.
         padded = emit_node(graph, node, aten.constant_pad_nd.default,
                            (source, [padding[1], after[1], padding[0], after[0]], -math.inf))
-    # A padded input is stored (padding and all) before the taps read it: read through the pad,
-    # each tap is a load under a mask (its row and column inside the input), which GCC 12 leaves
-    # scalar and branchy, and the producer (BatchNorm, ReLU) is recomputed in each tap. ResNet's
-    # 3 x 3 / 2 pooling (padding 1) over 8 x 64 x 32 x 32 NHWC after BatchNorm + ReLU, one
-    # thread of a busy EPYC: 30.8 ms a call as masked taps, 1.1 ms stored (ATen's: 7.4 ms on a
-    # Xeon); ResNet-18's inference step on the Xeon 0.92x -> 1.05x eager.
-    if stored or padded is not source:
-        if padded is not source and _channels_last(source_val):
-            # (a padded buffer is laid out NCHW: the pad would transpose an NHWC input twice)
+        if is_channels_last(source_val):  # (a pad's value is NCHW: stored so, it would transpose)
             padded = emit_node(graph, node, aten.clone.default, (padded,), {"memory_format": torch.channels_last})
+        stored = True
+    if stored:
         return _stored_taps(graph, node, padded, out, arguments)
     dims = (source_val.dim() - 2, source_val.dim() - 1)
     taps = []
@@ -157,10 +157,6 @@ def _taps(graph: fx.Graph, node: fx.Node, source: fx.Node, out: Any, arguments: 
                 tap = emit_node(graph, node, aten.slice.Tensor, (tap, dim, start, start + (o - 1) * s + 1, s))
             taps.append(tap)
     return taps
-
-
-def _channels_last(value: torch.Tensor) -> bool:
-    return value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last) and not value.is_contiguous()
 
 
 def _stored_taps(graph: fx.Graph, node: fx.Node, padded: fx.Node, out: Any, arguments: tuple) -> list[fx.Node]:
