@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.fx as fx
@@ -117,9 +117,7 @@ def _key(convolution: fx.Node, nhwc_operands: tuple[int, ...]) -> Optional[tuple
 
 
 def _measure(key: tuple, budget: Budget) -> tuple[float, float]:
-    """The fastest seconds per call of (NCHW, NHWC), timed interleaved on random operands (with
-    their calls' Python overhead, as the graph pays it). The fastest, not the median: other work
-    on the machine only ever adds time."""
+    """The fastest seconds per call of (NCHW, NHWC) on random operands (``fastest``)."""
     (x_sizes, weight_sizes, bias_sizes), dtype, parameters, nhwc_operands, _ = key
     # a generator of its own: compiling must not move the user's random stream
     generator = torch.Generator().manual_seed(0)
@@ -139,13 +137,19 @@ def _measure(key: tuple, budget: Budget) -> tuple[float, float]:
         out = aten.convolution.default(nhwc_x.contiguous(), weight, bias, *parameters)
         out.contiguous(memory_format=torch.channels_last)
 
+    return tuple(fastest((nchw, nhwc), budget))
+
+
+def fastest(variants: Sequence[Callable[[], object]], budget: Budget) -> list[float]:
+    """The fastest seconds per call of each variant, timed interleaved after one warm-up call
+    each (oneDNN builds its kernel for the shape), with their calls' Python overhead as a graph
+    pays it. The fastest, not the median: other work on the machine only ever adds time."""
     # One thread: the thread's CPU time, which a process that takes the core away does not add
     # to. On the shared 2-core EPYC the fastest of 5 wall-clock calls of ResNet-18's 128-channel
     # convolution over 8x8 in NHWC was 8.4 ms (4.0 ms on a quiet machine), and NCHW was chosen;
     # in CPU time it measured 3.6 ms under the same load. More threads: wall-clock.
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-    variants = (nchw, nhwc)
-    samples: tuple[list, list] = ([], [])
+    samples: list[list[float]] = [[] for _ in variants]
     for variant in variants:
         variant()
     started = time.perf_counter()
@@ -156,7 +160,7 @@ def _measure(key: tuple, budget: Budget) -> tuple[float, float]:
             times.append(clock() - start)
         if budget.spent() or (repeat >= REPEATS and time.perf_counter() - started > MIN_TIMED_S):
             break
-    return min(samples[0]), min(samples[1])
+    return [min(times) for times in samples]
 
 
 def _operand_bytes(convolution: fx.Node) -> int:

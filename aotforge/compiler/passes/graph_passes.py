@@ -11,6 +11,7 @@ from torch.utils import _pytree as pytree
 
 from ... import op_table
 from .collectives import sink_waits
+from .depthwise import depthwise_weight_gradients
 from .fx_edits import run_passes
 from .library_calls import channels_last_joint
 from .patterns import apply_pattern_rewrites
@@ -254,7 +255,8 @@ def pre_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
 
 def joint_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Passes on the joint forward+backward graph, before it is partitioned."""
-    return run_passes(gm, (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination, channels_last_joint))
+    return run_passes(gm, (remove_noops, apply_pattern_rewrites, cse, dead_code_elimination, channels_last_joint,
+                           depthwise_weight_gradients))
 
 
 def post_grad_passes(gm: fx.GraphModule) -> fx.GraphModule:
