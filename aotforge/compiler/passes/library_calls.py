@@ -39,6 +39,7 @@ from ...config import config
 from . import convolution_timing
 from .convolution_epilogues import fold_channel_affine
 from .fx_edits import dense_in, emit_node, is_channels_last, node_value, numel_hint, run_passes, same_sizes
+from .matmul_convolutions import convolutions_as_matmuls
 from .pooling import pointwise_max_pooling, pointwise_max_pooling_with_indices
 
 log = logging.getLogger("aotforge")
@@ -377,10 +378,11 @@ def library_call_passes(gm: fx.GraphModule, kind: str) -> fx.GraphModule:
     """Passes on a graph about to get generated kernels, in order (after ``post_grad_passes``)."""
     # (these modules build on this one's helpers)
 
-    # inference: BatchNorm folded into the convolution, then NHWC, then max pooling's taps (a
-    # padded input is stored in the layout its producer has by then)
+    # inference: BatchNorm folded into the convolution, then NHWC (1x1 convolutions then run as
+    # matrix multiplies), then max pooling's taps (a padded input is stored in the layout its
+    # producer has by then)
     # training forward: its max pooling saves the indices for the backward, computed in a kernel
-    layout_passes = ((fold_channel_affine, channels_last_convolutions, pointwise_max_pooling)
+    layout_passes = ((fold_channel_affine, channels_last_convolutions, convolutions_as_matmuls, pointwise_max_pooling)
                      if kind == "inference" else (pointwise_max_pooling, pointwise_max_pooling_with_indices)
                      if kind == "forward" else (pointwise_max_pooling,))
     return run_passes(gm, (*layout_passes, pad_matmuls, scatter_accumulate))

@@ -12,13 +12,14 @@ import aotforge
 from aotforge.compiler import observe
 from aotforge.compiler.passes import convolution_timing
 
-from .test_cpu_convolutions import WeightHeavyNet, _check_like_eager, _compiled, _randomize_batch_norms, _steps
+from .test_cpu_convolutions import (WeightHeavyNet, _check_like_eager, _compiled, _randomize_batch_norms, _steps,
+                                    one_by_one_convolutions)  # noqa: F401  (a fixture)
 
 
 @pytest.fixture
-def timing(monkeypatch):
-    """Timing on (the suite's default is off), nothing remembered from earlier tests, and the
-    tests' small convolutions large enough to be timed."""
+def timing(monkeypatch, one_by_one_convolutions):
+    """Timing on (the suite's default is off), nothing remembered from earlier tests, the
+    tests' small convolutions large enough to be timed, and the 1x1 ones kept convolutions."""
     monkeypatch.setattr(convolution_timing, "_timed", {})
     monkeypatch.setattr(convolution_timing, "MIN_TIMED_WORK", 0)
     with aotforge.config.patch(cpu_convolution_timing=True):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import aotforge  # noqa: F401  (registers the backends)
 from aotforge.compiler import observe
-from aotforge.compiler.passes import convolution_epilogues, library_calls, pooling
+from aotforge.compiler.passes import convolution_epilogues, library_calls, matmul_convolutions, pooling
 
 from ..helpers import trace
 
@@ -139,7 +139,14 @@ class WeightHeavyNet(nn.Module):
         return x
 
 
-def test_weight_dominated_convolution_runs_nchw_and_large_weights_do_not_fold():
+@pytest.fixture
+def one_by_one_convolutions(monkeypatch):
+    """1x1 convolutions stay convolutions (not matrix multiplies: passes/matmul_convolutions.py),
+    so that the layout each one runs in shows in the kernel plan."""
+    monkeypatch.setattr(matmul_convolutions, "DTYPES", ())
+
+
+def test_weight_dominated_convolution_runs_nchw_and_large_weights_do_not_fold(one_by_one_convolutions):
     """A convolution whose weight outweighs its input 32 times runs NCHW between NHWC ones (its
     input converted back), and BatchNorm folds only into weights no larger than the output
     (the last two keep BatchNorm over their activation). Values and strides as eager's."""
