@@ -54,15 +54,13 @@ PAD_DEVICES: tuple[str, ...] = ("cuda",)
 # realization): without it, measured on an H100 (timm ResNet-50 inference, bf16), generated
 # kernels went from about 3 ms to 30.7 ms per step.
 CHANNELS_LAST_DEVICES: tuple[str, ...] = ("cuda", "cpu")
-# Devices whose training graphs run convolutions in channels-last (the joint graph's pass):
-# none yet; tests add "cpu". Measured on the conv net's training step (one thread, EPYC): its
-# pooling went from 14.2 to 1.1 ms a call and its forward convolutions from 14.8 to 11.7 ms,
-# but the C++ kernel of the first BatchNorm backward's sums over N, H, W of an NHWC buffer of
-# 32 channels walks each channel's row with a stride of 32 (57.6 ms, against 5.5 ms for NCHW
-# rows), so the step was no faster (281 against 289 ms). After 927ce18 (C++ sums in blocks)
-# that kernel takes 20.6 ms and the step 0.92x eager on, 0.89x off (±3%, one after the other):
-# not yet a clear gain. It pays once that reduction is tiled over the contiguous channels, as
-# the 64-channel one already is (0.5 ms).
+# Devices whose training graphs always run convolutions in channels-last (the joint graph's
+# pass); tests add "cpu". Otherwise a CPU training graph goes NHWC where its convolutions timed
+# faster so (``channels_last_joint``). Measured on the conv net's training step (one thread of
+# the EPYC, A/B in one process): NHWC ran 1.04x NCHW, MobileNetV3-small 1.20x, ResNet-18 0.97x,
+# once its BatchNorm operands were written in the graph's layout (lowering/graph.py
+# KEEPS_EAGER_LAYOUT: before, the gradients were written NCHW by transposing kernels, 16 ms of
+# C++ kernels a conv net step against 2.5 ms).
 CHANNELS_LAST_TRAINING_DEVICES: tuple[str, ...] = ()
 # On the CPU only the dtypes oneDNN convolves: a float64 convolution runs ATen's own loops,
 # whose NHWC form is no faster. Tests add float64.
@@ -294,10 +292,16 @@ def channels_last_joint(gm: fx.GraphModule) -> fx.GraphModule:
     follows them: BatchNorm, pooling, their backwards, ``convolution_backward``) in
     channels-last, before it is partitioned: the forward saves NHWC tensors and the backward is
     typed for them, so nothing is copied between the two. The gradients and forward outputs
-    leave in eager's strides. CPU only (``CHANNELS_LAST_TRAINING_DEVICES``): oneDNN's NHWC
-    convolutions and ATen's NHWC pooling and BatchNorm kernels; not measured on a GPU. Off
-    until the C++ reductions over NHWC rows are fast (see the constant)."""
-    return _channels_last(gm, CHANNELS_LAST_TRAINING_DEVICES)
+    leave in eager's strides. CPU only: oneDNN's NHWC convolutions and ATen's NHWC pooling and
+    BatchNorm kernels; not measured on a GPU. A CPU graph goes NHWC where its convolutions,
+    forward and backward, timed faster so (``config.cpu_convolution_timing``,
+    ``convolution_timing.training_prefers_nhwc``); ``CHANNELS_LAST_TRAINING_DEVICES`` forces it."""
+    devices = CHANNELS_LAST_TRAINING_DEVICES
+    if "cpu" not in devices and config.cpu_convolution_timing:
+        convolutions = _convolutions(gm, ("cpu",))
+        if convolutions and convolution_timing.training_prefers_nhwc(convolutions, _nhwc_operands):
+            devices = (*devices, "cpu")
+    return _channels_last(gm, devices)
 
 
 def _channels_last(gm: fx.GraphModule, devices: tuple[str, ...]) -> fx.GraphModule:

@@ -169,3 +169,58 @@ def test_measure_times_both_layouts(transposed):
     budget = convolution_timing.Budget()
     nchw, nhwc = convolution_timing._measure(key, budget)
     assert 0 < nchw < 0.5 and 0 < nhwc < 0.5 and not budget.spent()
+
+
+# --- a training graph's layout (training_prefers_nhwc) -----------------------------------------------
+
+
+@pytest.mark.parametrize("seconds, nhwc", [((1.0, 0.5), True), ((1.0, 0.95), False), ((0.5, 1.0), False)])
+def test_training_layout_sums_every_convolution_and_remembers(timing, monkeypatch, seconds, nhwc):
+    monkeypatch.setattr(convolution_timing, "_timed_training", {})
+    timed = []
+
+    def measure(key, budget):
+        timed.append(key)
+        return seconds
+
+    monkeypatch.setattr(convolution_timing, "_measure_training", measure)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                          nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1))
+    x = torch.randn(2, 8, 6, 6)
+    for _ in range(2):
+        torch._dynamo.reset()
+        with observe() as graphs:
+            torch.compile(model, backend="aotforge")(x).sum().backward()
+        inputs = [step.args[1] for step in _steps(graphs, "backward")
+                  if str(getattr(step, "op", "")) == "aten.convolution_backward.default"]
+        assert len(inputs) == 3 and all((int(t.stride[1]) == 1) == nhwc for t in inputs)
+    assert len(timed) == 2  # two distinct convolutions, each timed once for both compiles
+
+
+def test_training_layout_keeps_nchw_when_timing_fails_or_runs_out(timing, monkeypatch):
+    monkeypatch.setattr(convolution_timing, "_timed_training", {})
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1))
+    x = torch.randn(2, 8, 6, 6)
+
+    def fail(key, budget):
+        raise RuntimeError("out of memory")
+
+    for measure in (fail, lambda key, budget: (1.0, 0.1)):
+        if measure is not fail:  # a spent budget: nothing is timed, the graph keeps NCHW
+            monkeypatch.setattr(convolution_timing, "TRAINING_BUDGET_S", -1.0)
+        monkeypatch.setattr(convolution_timing, "_measure_training", measure)
+        torch._dynamo.reset()
+        with observe() as graphs:
+            torch.compile(model, backend="aotforge")(x).sum().backward()
+        inputs = [step.args[1] for step in _steps(graphs, "backward")
+                  if str(getattr(step, "op", "")) == "aten.convolution_backward.default"]
+        assert inputs and not any(int(t.stride[1]) == 1 for t in inputs)
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_measure_training_times_both_layouts(depthwise):
+    weight, groups = ((16, 1, 5, 5), 16) if depthwise else ((32, 16, 3, 3), 1)
+    key = (((2, 16, 10, 10), weight, None), torch.float32, ([1, 1], [1, 1], [1, 1], False, [0, 0], groups), (0,), 1)
+    budget = convolution_timing.Budget()
+    nchw, nhwc = convolution_timing._measure_training(key, budget)
+    assert 0 < nchw < 0.5 and 0 < nhwc < 0.5

@@ -9,9 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import aotforge  # noqa: F401  (registers the backends)
+import aotforge
 from aotforge.compiler import observe
-from aotforge.compiler.passes import convolution_epilogues, library_calls, matmul_convolutions, pooling
+from aotforge.compiler.passes import (convolution_epilogues, convolution_timing, library_calls,
+                                      matmul_convolutions, pooling)
 
 from ..helpers import trace
 
@@ -349,10 +350,18 @@ def test_max_pooling_indices_keep_the_aten_call(pointwise_pooling):
 # --- training: the passes leave it as eager computes it ---------------------------------------------
 
 
-@pytest.mark.parametrize("joint_channels_last", [False, True])
-def test_training_steps_match_eager_buffers_and_gradients(monkeypatch, joint_channels_last):
-    if joint_channels_last:
+@pytest.mark.parametrize("layout", ["nchw", "forced nhwc", "timed nhwc", "timed nchw"])
+def test_training_steps_match_eager_buffers_and_gradients(monkeypatch, layout):
+    """Training graphs in eager's layout, NHWC by ``CHANNELS_LAST_TRAINING_DEVICES``, or in the
+    layout their convolutions timed faster in (forward and backward)."""
+    joint_channels_last = "nhwc" in layout
+    if layout == "forced nhwc":
         monkeypatch.setattr(library_calls, "CHANNELS_LAST_TRAINING_DEVICES", ("cpu",))
+    if layout.startswith("timed"):
+        monkeypatch.setattr(convolution_timing, "_timed_training", {})
+        monkeypatch.setattr(convolution_timing, "_measure_training",
+                            lambda key, budget: (1.0, 0.5) if joint_channels_last else (1.0, 0.95))
+        monkeypatch.setattr(aotforge.config, "cpu_convolution_timing", True)
     torch.manual_seed(0)
     model = _randomize_batch_norms(ConvBlock(cin=3, width=8)).train()
     reference = _randomize_batch_norms(ConvBlock(cin=3, width=8)).train()
@@ -366,6 +375,10 @@ def test_training_steps_match_eager_buffers_and_gradients(monkeypatch, joint_cha
     # the backward convolutions read what the forward saved: NHWC only under the joint pass
     assert len(convolution_inputs) == 2
     assert (int(convolution_inputs[0].stride[1]) == 1) == joint_channels_last
+    # BatchNorm's backward gets its gradient in the graph's layout (no transposing kernel)
+    gradients = [step.args[0] for step in _steps(graphs, "backward")
+                 if str(getattr(step, "op", "")) == "aten.native_batch_norm_backward.default"]
+    assert gradients and all((int(g.stride[1]) == 1) == joint_channels_last for g in gradients)
     model.zero_grad(), reference.load_state_dict(model.state_dict())
     for step in range(3):
         x = torch.randn(4, 3, 9, 9, generator=torch.Generator().manual_seed(step))
