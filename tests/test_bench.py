@@ -172,6 +172,21 @@ def test_relative_error():
     assert measure.relative_error(torch.zeros(4), torch.zeros(4)) == 0.0
 
 
+def test_values_zero_up_to_rounding_are_compared_at_the_dtypes_absolute_floor():
+    """A float32 running mean of about 2e-10 (0 in exact arithmetic) that two correct layouts
+    round 3.7e-9 apart agrees; a value of the tensor's own size off by as much as itself does not,
+    nor a float32 error of 1e-7 on values that small, nor float64 rounding noise at 1e-6."""
+    generator = torch.Generator().manual_seed(0)
+    mean = torch.randn(72, generator=generator) * 2e-10
+    layout_noise = torch.randn(72, generator=generator) * 3.7e-9
+    assert measure.relative_error(mean + layout_noise, mean) < measure.TOLERANCES[torch.float32]
+    assert measure.relative_error(mean + 1e-7, mean) > measure.TOLERANCES[torch.float32]
+    big = torch.randn(72, generator=generator)
+    assert measure.relative_error(big * 1.01, big) > measure.TOLERANCES[torch.float32]
+    small64 = torch.randn(72, generator=generator, dtype=torch.float64) * 1e-9
+    assert measure.relative_error(small64 + 1e-6, small64) > measure.TOLERANCES[torch.float64]
+
+
 def test_tolerance_widens_to_eager_own_error():
     reference = {"output[0]": torch.ones(10, dtype=torch.float64)}
     eager = {"output[0]": torch.full((10,), 1.05)}
