@@ -119,14 +119,7 @@ def _key(convolution: fx.Node, nhwc_operands: tuple[int, ...]) -> Optional[tuple
 def _measure(key: tuple, budget: Budget) -> tuple[float, float]:
     """The fastest seconds per call of (NCHW, NHWC) on random operands (``fastest``)."""
     (x_sizes, weight_sizes, bias_sizes), dtype, parameters, nhwc_operands, _ = key
-    # a generator of its own: compiling must not move the user's random stream
-    generator = torch.Generator().manual_seed(0)
-
-    def random(sizes):
-        return torch.randn(sizes, generator=generator, dtype=torch.float32).to(dtype)
-
-    x, weight = random(x_sizes), random(weight_sizes)
-    bias = None if bias_sizes is None else random(bias_sizes)
+    x, weight, bias = random_operands(dtype, x_sizes, weight_sizes, bias_sizes)
     nhwc_x = x.contiguous(memory_format=torch.channels_last) if 0 in nhwc_operands else x
     nhwc_weight = weight.contiguous(memory_format=torch.channels_last) if 1 in nhwc_operands else weight
 
@@ -138,6 +131,14 @@ def _measure(key: tuple, budget: Budget) -> tuple[float, float]:
         out.contiguous(memory_format=torch.channels_last)
 
     return tuple(fastest((nchw, nhwc), budget))
+
+
+def random_operands(dtype: torch.dtype, *sizes: Optional[Sequence[int]]) -> list[Optional[torch.Tensor]]:
+    """Random tensors of ``sizes`` (None for None), from a generator of their own: compiling
+    must not move the user's random stream."""
+    generator = torch.Generator().manual_seed(0)
+    return [None if size is None else torch.randn(size, generator=generator, dtype=torch.float32).to(dtype)
+            for size in sizes]
 
 
 def fastest(variants: Sequence[Callable[[], object]], budget: Budget) -> list[float]:
@@ -202,7 +203,7 @@ def choose(convolution: fx.Node, nhwc_operands: tuple[int, ...], rule_nchw: bool
 # Seconds of timing per training graph: each convolution runs forward and backward in both
 # layouts (ResNet-18's 11 distinct ones at 8 x 64x64, one thread of an EPYC: about 2 s).
 TRAINING_BUDGET_S = 4.0
-# (key, "training") -> (NCHW seconds, NHWC seconds) of one forward and backward, for this process
+# key (as ``choose``'s) -> (NCHW seconds, NHWC seconds) of one forward and backward, for this process
 _timed_training: dict[tuple, tuple[float, float]] = {}
 
 
@@ -242,13 +243,8 @@ def _measure_training(key: tuple, budget: Budget) -> tuple[float, float]:
     """The fastest seconds of one forward and backward (input and weight gradients) of a
     convolution, (NCHW, NHWC operands), on random operands."""
     (x_sizes, weight_sizes, bias_sizes), dtype, parameters, nhwc_operands, _ = key
-    generator = torch.Generator().manual_seed(0)  # compiling must not move the user's random stream
-
-    def random(sizes):
-        return torch.randn(sizes, generator=generator, dtype=torch.float32).to(dtype)
-
-    x, weight = random(x_sizes), random(weight_sizes)
-    grad = torch.empty_like(aten.convolution.default(x, weight, None, *parameters)).normal_(generator=generator)
+    x, weight = random_operands(dtype, x_sizes, weight_sizes)
+    grad = random_operands(dtype, aten.convolution.default(x, weight, None, *parameters).shape)[0]
     # a depthwise convolution's weight gradient is passes/depthwise.py's (a grouped convolution
     # whose layout costs little); ATen's own, slow in both layouts, would decide the layout
     depthwise = parameters[-1] > 1 and parameters[-1] == x_sizes[1] and weight_sizes[1] == 1

@@ -151,9 +151,7 @@ def _choose(node: fx.Node, budget: convolution_timing.Budget) -> str:
 
 def _measure(key: tuple, budget: convolution_timing.Budget) -> dict[str, float]:
     grad_sizes, x_sizes, weight_sizes, dtype, (stride, padding, dilation), _ = key
-    generator = torch.Generator().manual_seed(0)  # compiling must not move the user's random stream
-    grad, x = (torch.randn(s, generator=generator).to(dtype) for s in (grad_sizes, x_sizes))
-    weight = torch.randn(weight_sizes, generator=generator).to(dtype)
+    grad, x, weight = convolution_timing.random_operands(dtype, grad_sizes, x_sizes, weight_sizes)
     parameters = (list(stride), list(padding), list(dilation), False, [0, 0], weight_sizes[0])
 
     def run(target: Any, *args: Any) -> Any:
