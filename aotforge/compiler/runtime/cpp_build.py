@@ -35,7 +35,9 @@ its ``Library`` any more (the kernels of the graphs that use it), so that the ne
 path reads the file again.
 
 With ``config.cache`` off nothing is read from or written to the cache folder: libraries are
-built in a private temporary folder that is removed at exit.
+built in a private temporary folder that is removed at exit, unless ``config.library_cache_dir``
+(``AOTFORGE_LIBRARY_CACHE_DIR``) names a folder for them alone, whose entries are made, keyed
+and verified exactly as above (the test suite uses one per session: tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -308,10 +310,13 @@ def load_library(source: str, stem: str) -> Library:
 
 
 def _load_or_build(source: str, stem: str, key: str, probe: _Probe) -> Library:
-    if not config.cache:
+    if config.cache:
+        folder = disk_cache.cache_directory()
+    elif config.library_cache_dir:  # the libraries alone, in a folder of their own (config.py)
+        folder = disk_cache.private_directory(config.library_cache_dir)
+    else:
         debug.note("cache", f"{stem}: C++ library not cached (config.cache is off)")
         return _build(source, stem, key, probe, _private_directory(), store=False)
-    folder = disk_cache.cache_directory()
     library_path, sidecar_path = _entry_paths(folder, key)
     why = _verify_entry(library_path, sidecar_path, key)
     if why is None:
