@@ -14,10 +14,11 @@ Nothing here can change what a library computes, only how long its build takes:
 
 * the header's text is the prelude itself: where GCC does not use the precompiled file
   (another compiler, a file it finds invalid) it reads the text, and the unit is the same;
-* the entry (``cpp_pch_<key>.h``, ``.h.gch`` and the sidecar ``.json``) is keyed by the
-  prelude, the compiler's command and version and the CPU, like a library, and used only when
-  the sidecar names that key and the header and precompiled file hash to its digests; one that
-  does not verify is rebuilt (disk_cache's rules);
+* the entry (the sidecar ``cpp_pch_<key>.json``, and the header ``.h`` and precompiled
+  ``.h.gch`` it names) is keyed by the prelude, the compiler's command and version and the
+  CPU, like a library, and used only when the sidecar names that key, the header holds the
+  prelude and the precompiled file hashes to the sidecar's digest; one that does not verify
+  is rebuilt (disk_cache's rules);
 * only GCC's own format is used (the file starts with ``gpch``): a compiler that writes
   something else (clang) compiles the whole unit as before;
 * a build that fails with the precompiled header is built again from the whole unit
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import subprocess
 import tempfile
 import threading
@@ -56,15 +59,14 @@ def header(prelude: str, command: list[str], version: str, cpu: str, folder: str
         return _headers[(folder, key)]
 
 
-def _paths(folder: str, key: str) -> tuple[str, str, str]:
-    stem = os.path.join(folder, f"cpp_pch_{key[:32]}")
-    return stem + ".h", stem + ".h.gch", stem + ".json"
+def _sidecar_path(folder: str, key: str) -> str:
+    return os.path.join(folder, f"cpp_pch_{key[:32]}.json")
 
 
 def _verified_or_built(prelude: str, command: list[str], key: str, folder: str) -> Optional[str]:
-    header_path, compiled_path, sidecar_path = _paths(folder, key)
-    if _verifies(header_path, compiled_path, sidecar_path, key, prelude):
-        return header_path
+    found = _verified(prelude, key, folder)
+    if found is not None:
+        return found
     try:
         return _build(prelude, command, key, folder)
     except OSError as error:  # an unwritable folder: the units are compiled whole, as before
@@ -72,26 +74,36 @@ def _verified_or_built(prelude: str, command: list[str], key: str, folder: str) 
         return None
 
 
-def _verifies(header_path: str, compiled_path: str, sidecar_path: str, key: str, prelude: str) -> bool:
-    if not all(os.path.lexists(path) for path in (header_path, compiled_path, sidecar_path)):
-        return False
-    sidecar, text, compiled = (disk_cache.read_bytes(path) for path in (sidecar_path, header_path, compiled_path))
-    if sidecar is None or text is None or compiled is None:
-        return False
+def _verified(prelude: str, key: str, folder: str) -> Optional[str]:
+    """The header the sidecar names, when it and its precompiled file verify. (Each build
+    writes a header and precompiled file of its own name, never rewritten, and then the
+    sidecar that names them: two processes building at once leave two whole pairs and one
+    sidecar that names one of them, never a sidecar beside another build's file.)"""
+    sidecar_path = _sidecar_path(folder, key)
+    if not os.path.lexists(sidecar_path):
+        return None
+    sidecar = disk_cache.read_bytes(sidecar_path)
     try:
-        entry = json.loads(sidecar.decode())
+        entry = json.loads(sidecar.decode()) if sidecar is not None else None
     except (UnicodeDecodeError, ValueError, RecursionError):
         entry = None
-    if (not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key
-            or text != prelude.encode() or entry.get("sha256") != disk_cache.digest(compiled)
-            or not compiled.startswith(MAGIC)):
-        disk_cache.warn_bad_entry(compiled_path, "the precompiled C++ prelude does not match its sidecar")
-        return False
-    return True
+    stem = entry.get("stem") if isinstance(entry, dict) else None
+    if (not isinstance(stem, str) or entry.get("format") != FORMAT or entry.get("key") != key
+            or not re.fullmatch(f"cpp_pch_{key[:32]}_[0-9a-f]{{16}}", stem)):
+        disk_cache.warn_bad_entry(sidecar_path, "not the sidecar of this precompiled C++ prelude")
+        return None
+    header_path = os.path.join(folder, stem + ".h")
+    text, compiled = disk_cache.read_bytes(header_path), disk_cache.read_bytes(header_path + ".gch")
+    if (text != prelude.encode() or compiled is None or not compiled.startswith(MAGIC)
+            or entry.get("sha256") != disk_cache.digest(compiled)):
+        disk_cache.warn_bad_entry(header_path + ".gch", "the precompiled C++ prelude does not match its sidecar")
+        return None
+    return header_path
 
 
 def _build(prelude: str, command: list[str], key: str, folder: str) -> Optional[str]:
-    header_path, compiled_path, sidecar_path = _paths(folder, key)
+    stem = f"cpp_pch_{key[:32]}_{secrets.token_hex(8)}"
+    header_path = os.path.join(folder, stem + ".h")
     # the header first: a compiler that finds the precompiled file invalid reads this text
     disk_cache.atomic_write(header_path, prelude.encode())
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".gch.part")
@@ -110,13 +122,14 @@ def _build(prelude: str, command: list[str], key: str, folder: str) -> Optional[
             failure = "the compiler does not write GCC's precompiled headers"
         if failure:
             debug.note("compile", f"C++ prelude not precompiled: {failure}")
+            os.unlink(header_path)
             return None
-        os.replace(temporary, compiled_path)
+        os.replace(temporary, header_path + ".gch")
     finally:
         if os.path.lexists(temporary):
             os.unlink(temporary)
-    disk_cache.replace_entry(sidecar_path, json.dumps(dict(format=FORMAT, key=key, sha256=disk_cache.digest(compiled)),
-                                                      sort_keys=True).encode())
+    disk_cache.replace_entry(_sidecar_path(folder, key), json.dumps(
+        dict(format=FORMAT, key=key, stem=stem, sha256=disk_cache.digest(compiled)), sort_keys=True).encode())
     return header_path
 
 

@@ -4,6 +4,7 @@ does not verify is rebuilt; a build that fails with it is built again whole, so 
 read as before; and no precompiled header is made where nothing is kept."""
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import warnings
@@ -63,6 +64,11 @@ def pch_files(folder) -> list[str]:
     return sorted(name for name in os.listdir(folder) if name.startswith("cpp_pch_"))
 
 
+def sidecar_of(header: str) -> pathlib.Path:
+    """The sidecar naming a header: ``cpp_pch_<key>.json`` for ``cpp_pch_<key>_<build>.h``."""
+    return pathlib.Path(header[: -len("_0123456789abcdef.h")] + ".json")
+
+
 def text_section(path, tmp_path) -> bytes:
     out = tmp_path / "text.bin"
     subprocess.run(["objcopy", "-O", "binary", "--only-section=.text", str(path), str(out)], check=True)
@@ -78,7 +84,7 @@ def test_units_are_built_after_the_precompiled_prelude_into_the_same_code(folder
     (header, given), = builds
     assert header is not None and given == source[len(UNIT_PRELUDE):]
     stem = os.path.basename(header)[: -len(".h")]
-    assert pch_files(folder) == [f"{stem}.h", f"{stem}.h.gch", f"{stem}.json"]
+    assert pch_files(folder) == sorted([f"{stem}.h", f"{stem}.h.gch", sidecar_of(header).name])
     assert (folder / f"{stem}.h").read_text() == UNIT_PRELUDE
     assert (folder / f"{stem}.h.gch").read_bytes().startswith(cpp_pch.MAGIC)
     # a second unit uses the same precompiled header; nothing is precompiled again
@@ -109,8 +115,11 @@ def test_a_damaged_precompiled_header_is_rebuilt(folder, builds):
         library = cpp_build.load_library(unit("damaged: second"), "add", UNIT_PRELUDE)
     assert [w.category for w in caught] == [disk_cache.CacheEntryWarning] and "prelude" in str(caught[0].message)
     check_add(library)
-    sidecar = json.loads(open(header[: -len(".h")] + ".json").read())
-    assert sidecar["sha256"] == disk_cache.digest(open(compiled, "rb").read())
+    (rebuilt, _), = builds[1:]
+    assert rebuilt != header  # a new pair, named by the sidecar
+    sidecar = json.loads(sidecar_of(header).read_text())
+    assert sidecar["stem"] + ".h" == os.path.basename(rebuilt)
+    assert sidecar["sha256"] == disk_cache.digest(open(rebuilt + ".gch", "rb").read())
 
 
 def test_a_failed_build_with_the_header_is_built_whole(folder, builds, tmp_path, monkeypatch):
@@ -173,3 +182,20 @@ def test_compiled_graphs_compute_like_eager_with_the_precompiled_prelude(folder)
     torch.testing.assert_close(x.grad, x2.grad)
     torch.testing.assert_close(w.grad, w2.grad)
     assert any(name.endswith(".gch") for name in pch_files(folder)) or "clang" in cpp_build._probed().version
+
+
+def test_two_builds_of_one_prelude_leave_a_sidecar_naming_a_whole_pair(folder, builds):
+    """As two processes building at once: each build writes a pair of its own; the sidecar
+    names the last one, and a new process uses it without a warning."""
+    forget(cpp_build.load_library(unit("two builds: first"), "add", UNIT_PRELUDE))
+    (first, _), = builds
+    if first is None:
+        pytest.skip("GCC's precompiled headers only")
+    key = json.loads(sidecar_of(first).read_text())["key"]
+    second = cpp_pch._build(UNIT_PRELUDE, list(cpp_build._probed().command), key, str(folder))
+    assert second != first and os.path.exists(first + ".gch")  # the first pair is never rewritten
+    cpp_pch._headers.clear()  # a new process
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_add(cpp_build.load_library(unit("two builds: later"), "add", UNIT_PRELUDE))
+    assert builds[-1][0] == second
