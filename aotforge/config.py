@@ -48,6 +48,14 @@ class Config:
     cache_dir: str = ""
     # Keep compiled graphs and whole AOT compiles there too, so that a new process skips compiling.
     cache: bool = True
+    # With ``cache`` off, still keep the C++ libraries (and only them) in this folder, entries
+    # keyed and verified as the cache keeps them (the source, the compiler's command and version,
+    # the CPU): a translation unit built once is loaded, not compiled again, by later compiles
+    # and processes, while every graph is still traced, partitioned, lowered and generated anew.
+    # The test suite points it at a folder of its session (tests/conftest.py). Empty: libraries
+    # are built in a private temporary folder, as with no cache at all. Ignored while ``cache``
+    # is on (the libraries are then in ``cache_dir``).
+    library_cache_dir: str = ""
     # Run the Triton path even for CPU tensors (needs TRITON_INTERPRET=1); for tests.
     triton_on_cpu: bool = False
     # Graphs on CPU tensors get fused C++ kernels, built with the system's C++ compiler ($CXX,

@@ -3,7 +3,10 @@ Triton's interpreter. The interpreter must be on before ``triton.language`` is f
 (Triton decides per ``@triton.jit`` function, at definition), and test modules of any folder
 may import it during collection (through torch, aotforge or Triton itself), so it is switched
 on here, before anything is collected. On a GPU machine (tests/gpu) it stays off."""
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -14,6 +17,16 @@ if not torch.cuda.is_available():
 # with a load from an earlier run. Their own tests (tests/compiler/runtime/test_graph_cache.py)
 # turn them on.
 os.environ.setdefault("AOTFORGE_CACHE", "0")
+# ... but a C++ translation unit that many tests generate alike (the same small graph, the same
+# kernels) is given to the compiler once per session: the libraries alone are kept in a folder
+# of this session, keyed and verified as the cache keeps them (source, compiler command and
+# version, CPU; config.library_cache_dir). Every test still traces, lowers and generates its
+# graphs, and a source no test compiled before still goes to the compiler; subprocesses the tests
+# start share the folder. The cache's own tests turn it off (tests/compiler/runtime). Set
+# AOTFORGE_LIBRARY_CACHE_DIR= (empty) to compile every library in every test.
+if "AOTFORGE_LIBRARY_CACHE_DIR" not in os.environ:
+    os.environ["AOTFORGE_LIBRARY_CACHE_DIR"] = tempfile.mkdtemp(prefix="aotforge_test_libraries_")
+    atexit.register(shutil.rmtree, os.environ["AOTFORGE_LIBRARY_CACHE_DIR"], True)
 # A compiler failure raises in tests (users get eager's kernels and a warning instead), so that
 # no bug hides behind the fallback.
 os.environ.setdefault("AOTFORGE_STRICT", "1")

@@ -479,6 +479,11 @@ def _split_row_loops(lines: list[str], loops: list[RowLoop], shape: KernelShape)
 NO_TRAPPING_MATH = '#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC optimize ("no-trapping-math")\n#endif\n'
 
 
+# what every translation unit starts with, the same text for every graph (the runtime compiles
+# it once per cache folder as a precompiled header: runtime/cpp_pch.py)
+UNIT_PRELUDE = NO_TRAPPING_MATH + PRELUDE + SUM_PRELUDE + "\n\n"
+
+
 def translation_unit(sources: list[str]) -> str:
     """One graph's kernels as one C++ file: the prelude, then each distinct kernel."""
-    return NO_TRAPPING_MATH + PRELUDE + SUM_PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
+    return UNIT_PRELUDE + "\n\n".join(sources) + "\n"

@@ -35,7 +35,9 @@ its ``Library`` any more (the kernels of the graphs that use it), so that the ne
 path reads the file again.
 
 With ``config.cache`` off nothing is read from or written to the cache folder: libraries are
-built in a private temporary folder that is removed at exit.
+built in a private temporary folder that is removed at exit, unless ``config.library_cache_dir``
+(``AOTFORGE_LIBRARY_CACHE_DIR``) names a folder for them alone, whose entries are made, keyed
+and verified exactly as above (the test suite uses one per session: tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ from typing import Any, Optional
 
 from ... import debug
 from ...config import config
-from . import disk_cache
+from . import cpp_pch, disk_cache
 from .cpp_probe import COMPILERS  # tried in this order when $CXX is not set
 
 _dlclose = getattr(_ctypes, "dlclose", None)  # (POSIX; elsewhere libraries stay loaded)
@@ -280,10 +282,12 @@ _libraries_lock = threading.Lock()
 _private_folder: Optional[str] = None  # where libraries go while config.cache is off
 
 
-def load_library(source: str, stem: str) -> Library:
+def load_library(source: str, stem: str, prelude: str = "") -> Library:
     """Compile the C++ translation unit ``source`` (plain C++17, ``extern "C"`` functions, no torch
     headers) to a shared library, cached on disk, and load it with ctypes. ``stem`` names it in
-    notes and errors. Raises CppUnavailable / CppCompileError."""
+    notes and errors. ``prelude``: the text every generated unit starts with, precompiled once
+    per kept folder (cpp_pch.py); it changes how long the build takes, never the library.
+    Raises CppUnavailable / CppCompileError."""
     with _libraries_lock:
         digest = disk_cache.digest(source)
         adopted = _unclaimed.pop(digest, None) or _adopted.get(digest)
@@ -301,17 +305,20 @@ def load_library(source: str, stem: str) -> Library:
     with key_lock:  # a second thread asking for the same library waits for the first one's
         library = _libraries.get(key)
         if library is None:
-            library = _load_or_build(source, stem, key, probe)
+            library = _load_or_build(source, stem, key, probe, prelude)
             with _libraries_lock:
                 _libraries[key] = library
         return library
 
 
-def _load_or_build(source: str, stem: str, key: str, probe: _Probe) -> Library:
-    if not config.cache:
+def _load_or_build(source: str, stem: str, key: str, probe: _Probe, prelude: str = "") -> Library:
+    if config.cache:
+        folder = disk_cache.cache_directory()
+    elif config.library_cache_dir:  # the libraries alone, in a folder of their own (config.py)
+        folder = disk_cache.private_directory(config.library_cache_dir)
+    else:
         debug.note("cache", f"{stem}: C++ library not cached (config.cache is off)")
         return _build(source, stem, key, probe, _private_directory(), store=False)
-    folder = disk_cache.cache_directory()
     library_path, sidecar_path = _entry_paths(folder, key)
     why = _verify_entry(library_path, sidecar_path, key)
     if why is None:
@@ -324,7 +331,7 @@ def _load_or_build(source: str, stem: str, key: str, probe: _Probe) -> Library:
             debug.note("cache", f"{stem}: C++ library hit ({key[:16]})")
             return _loaded(cdll, library_path, 0.0, True, shlex.join(probe.command))
     debug.note("cache", f"{stem}: C++ library miss ({why}; {key[:16]})")
-    return _build(source, stem, key, probe, folder, store=True)
+    return _build(source, stem, key, probe, folder, store=True, prelude=prelude)
 
 
 # digest of a translation unit -> its library, loaded from the bytes a compiled-graph entry keeps
@@ -401,9 +408,10 @@ def _private_directory() -> str:
         return _private_folder
 
 
-def _build(source: str, stem: str, key: str, probe: _Probe, folder: str, store: bool) -> Library:
+def _build(source: str, stem: str, key: str, probe: _Probe, folder: str, store: bool, prelude: str = "") -> Library:
     """Compile ``source`` into ``folder`` and load it; with ``store``, also write the sidecar that
-    makes the library a cache entry."""
+    makes the library a cache entry, and use the folder's precompiled ``prelude`` (a private
+    folder is not kept: precompiling there would cost a process more than it saves)."""
     try:
         handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
     except OSError as error:  # an unwritable cache folder costs the cache (one warning), not the kernels
@@ -412,7 +420,10 @@ def _build(source: str, stem: str, key: str, probe: _Probe, folder: str, store: 
     os.close(handle)
     library_path, sidecar_path = _entry_paths(folder, key)
     try:
-        seconds = _compile(list(probe.command), temporary, source, stem, key, folder)
+        header = None
+        if store and prelude and source.startswith(prelude):
+            header = cpp_pch.header(prelude, list(probe.command), probe.version, _cpu_identity(), folder)
+        seconds = _compile(list(probe.command), temporary, source, stem, key, folder, header, len(prelude))
         with open(temporary, "rb") as file:
             library_digest = disk_cache.digest(file.read())
         try:
@@ -436,10 +447,23 @@ def _build(source: str, stem: str, key: str, probe: _Probe, folder: str, store: 
     return _loaded(cdll, library_path, seconds, False, shlex.join(probe.command))
 
 
-def _compile(command: list[str], output: str, source: str, stem: str, key: str, folder: str) -> float:
-    """Compile ``source`` (given on stdin) into ``output``; the seconds it took. On failure the
-    source is kept next to the cache entry and named in the error."""
+def _compile(command: list[str], output: str, source: str, stem: str, key: str, folder: str,
+             header: Optional[str] = None, prelude_length: int = 0) -> float:
+    """Compile ``source`` (given on stdin) into ``output``; the seconds it took. With ``header``
+    (the unit's first ``prelude_length`` characters, precompiled: cpp_pch.py) only the rest is
+    given, after ``-include header``; where that fails, the whole unit is compiled, so that an
+    error is the compiler's error on the unit itself. On failure the source is kept next to
+    the cache entry and named in the error."""
     start = time.perf_counter()
+    if header is not None:
+        try:
+            returncode, _ = _run_compiler(command + ["-include", header, "-x", "c++", "-", "-o", output],
+                                          source[prelude_length:])
+        except (OSError, subprocess.TimeoutExpired):
+            returncode = -1
+        if returncode == 0:
+            return time.perf_counter() - start
+        debug.note("compile", f"{stem}: the build with the precompiled prelude failed; building the whole unit")
     try:
         returncode, stderr = _run_compiler(command + ["-x", "c++", "-", "-o", output], source)
     except subprocess.TimeoutExpired:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import index_checks
+from ..codegen.cpp import UNIT_PRELUDE as PRELUDE  # what every unit starts with (precompiled: cpp_pch.py)
 from ..codegen.cpp_entry import PYTHON_API, graph_translation_unit, launch_sizes
 from ..codegen.cpp_ops import ERRORS
 from ..codegen.kernel import KernelSource
@@ -63,7 +64,7 @@ def load_kernels(kernels: tuple[KernelSource, ...], precompile: bool = True) -> 
     if not kernels:
         return {}
     unique = {k.name: k for k in kernels}
-    library = cpp_build.load_library(graph_translation_unit(kernels), "aot_graph")
+    library = cpp_build.load_library(graph_translation_unit(kernels), "aot_graph", PRELUDE)
     library.function("aot_set_num_threads", [ctypes.c_int])(torch.get_num_threads())
     detail = library.function("aot_error_detail", [ctypes.POINTER(ctypes.c_int64)])
     functions = {}

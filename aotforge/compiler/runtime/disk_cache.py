@@ -81,6 +81,17 @@ def cache_directory(configured: Optional[str] = None) -> str:
     folder costs the cache, never the compile."""
     configured = config.cache_dir if configured is None else configured
     directory = configured or os.path.join(tempfile.gettempdir(), f"aotforge_{os.getuid()}")
+    directory = private_directory(directory)
+    if directory not in _replacements.values():
+        point_triton_here(directory)
+    return directory
+
+
+def private_directory(directory: str) -> str:
+    """``directory`` (absolute), created private to the user when missing, or, when it cannot be
+    used (see ``cache_directory``), the private temporary folder this process uses in its place
+    (warned about once). Unlike ``cache_directory`` it leaves Triton's cache folder alone: the
+    C++ library folder (config.library_cache_dir) holds no Triton binaries."""
     directory = os.path.abspath(directory)
     replacement = _replacements.get(directory)
     if replacement is not None:
@@ -92,7 +103,6 @@ def cache_directory(configured: Optional[str] = None) -> str:
         problem = f"it cannot be created: {error}"
     if problem is None:
         _sweep_once(directory)
-        point_triton_here(directory)
         return directory
     return _replace(directory, problem)
 

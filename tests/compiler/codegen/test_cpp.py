@@ -227,7 +227,7 @@ def test_dynamic_sizes_are_arguments():
 def test_a_cpp_build_failure_keeps_eager_kernels_and_says_so(monkeypatch):
     from aotforge.compiler.runtime import cpp_build as build
 
-    def refuse(source, stem):
+    def refuse(source, stem, prelude=""):
         raise build.CppCompileError("aotforge: compiling the C++ kernels of aot_graph failed (a test)")
 
     monkeypatch.setattr(build, "load_library", refuse)

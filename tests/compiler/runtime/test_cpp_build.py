@@ -94,6 +94,9 @@ def cache(tmp_path, monkeypatch):
     # the global values, not a patch: patches are per thread, and some tests load from threads
     monkeypatch.setattr(config, "cache_dir", str(folder))
     monkeypatch.setattr(config, "cache", True)
+    # the suite's library folder (tests/conftest.py) off: a test here that turns the cache off
+    # sees what a user without one gets (test_library_cache.py tests the folder)
+    monkeypatch.setattr(config, "library_cache_dir", "")
     monkeypatch.setattr(disk_cache, "_warned", set())
     yield folder
 
