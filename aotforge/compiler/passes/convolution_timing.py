@@ -201,7 +201,9 @@ def choose(convolution: fx.Node, nhwc_operands: tuple[int, ...], rule_nchw: bool
 # --- a training graph's layout: all its convolutions, forward and backward ----------------------
 
 # Seconds of timing per training graph: each convolution runs forward and backward in both
-# layouts (ResNet-18's 11 distinct ones at 8 x 64x64, one thread of an EPYC: about 2 s).
+# layouts, about twice an inference graph's work (GRAPH_BUDGET_S). Not measured alone: the first
+# training steps with it on the Xeon took 2.7 s (conv net), 11.7 s (ResNet-18) and 22.2 s
+# (MobileNetV3), against inductor's 16.4, 99.0 and 79.2 s.
 TRAINING_BUDGET_S = 4.0
 # key (as ``choose``'s) -> (NCHW seconds, NHWC seconds) of one forward and backward, for this process
 _timed_training: dict[tuple, tuple[float, float]] = {}
@@ -213,8 +215,8 @@ def training_prefers_nhwc(convolutions: Sequence[fx.Node], nhwc_operands: Callab
     faster with NHWC operands than NCHW (``MARGIN``); False wherever a convolution cannot be
     timed (sizes without a hint, an error, the budget spent): the graph then keeps eager's
     layout. Which layout wins depends on the CPU and the network: measured on a Xeon's thread,
-    eager's conv net step ran 27% faster NHWC, MobileNetV3-small's 23%, ResNet-18's 25% slower;
-    on the EPYC ResNet-18's convolutions lose NHWC there too."""
+    eager's conv net step ran 27% faster NHWC, MobileNetV3-small's 23%, ResNet-18's 25% slower,
+    and this timing picked NHWC, NHWC and NCHW for them there (on the EPYC: NCHW, NHWC, NCHW)."""
     budget = Budget(TRAINING_BUDGET_S)
     totals = [0.0, 0.0]
     for convolution in convolutions:

@@ -73,13 +73,13 @@ def test_float32_with_nan_and_inf_like_eager():
     assert _matmuls_and_convolutions(graphs) == (4, 2)
 
 
-def test_nchw_graphs_and_training_keep_the_convolution(float64):
+def test_nchw_graphs_and_training_keep_the_convolution(float64, monkeypatch):
     """Without the NHWC layout (float64 outside the channels-last dtypes) the 1x1 convolution
     stays a convolution; training graphs are not rewritten."""
     torch.manual_seed(2)
     model = nn.Sequential(nn.Conv2d(4, 6, 1), nn.ReLU()).double()
     x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
-    library_calls.CPU_CHANNELS_LAST_DTYPES = (torch.float32,)  # (restored by the fixture's monkeypatch)
+    monkeypatch.setattr(library_calls, "CPU_CHANNELS_LAST_DTYPES", (torch.float32,))
     out, graphs = _compiled(model.eval(), x)
     with torch.no_grad():
         _check_like_eager(out, model(x), rtol=1e-12, atol=1e-12)
